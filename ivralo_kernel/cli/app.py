@@ -1,0 +1,57 @@
+"""[cli] Command table of ``ivralo-kernel`` (also ``python -m ivralo_kernel``)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ivralo_kernel import __version__
+from ivralo_kernel.protocol import IvraloError, names
+
+
+def _install(args: argparse.Namespace) -> int:
+    from ivralo_kernel.cli.install import install
+
+    prefix = sys.prefix if args.sys_prefix else args.prefix
+    where = install(user=args.user, prefix=prefix, name=args.name, python=args.python, display_name=args.display_name)
+    print(f"Installed kernelspec {args.name} in {where}")
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    from ivralo_kernel.cli.run import run_file
+
+    return run_file(args.file, workspace=args.workspace, memory_limit=args.memory_limit, timeout=args.timeout)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ivralo-kernel", description="A guarded Python kernel for Jupyter.")
+    parser.add_argument("--version", action="version", version=f"ivralo-kernel {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = commands.add_parser("install", help="install the ivralo kernelspec")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--user", action="store_true", help="for the current user (Jupyter's user data dir)")
+    where.add_argument("--sys-prefix", action="store_true", help="into this Python environment (sys.prefix)")
+    where.add_argument("--prefix", metavar="P", help="under P/share/jupyter/kernels")
+    p.add_argument("--name", default=names.KERNEL_NAME, help="kernelspec name (default: %(default)s)")
+    p.add_argument("--display-name", help=f"name shown in the launcher (default: {names.DISPLAY_NAME})")
+    p.add_argument("--python", metavar="PATH", help="run the kernel with this interpreter (default: this one)")
+    p.set_defaults(func=_install)
+
+    p = commands.add_parser("run", help="run a notebook or a .py file in a guarded kernel and print what it did")
+    p.add_argument("file", help="FILE.ipynb or FILE.py")
+    p.add_argument("--workspace", help="folder the kernel runs in (default: the file's folder)")
+    p.add_argument("--memory-limit", type=int, metavar="BYTES", help="RLIMIT_DATA of the kernel")
+    p.add_argument("--timeout", type=float, default=600, help="seconds per cell (default: %(default)s)")
+    p.set_defaults(func=_run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except IvraloError as exc:
+        print(f"ivralo-kernel {args.command}: {exc}", file=sys.stderr)
+        return 2

@@ -1,0 +1,64 @@
+"""[cli] ``ivralo-kernel install``: write the ``ivralo`` kernelspec where Jupyter looks for it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from jupyter_client.kernelspec import KernelSpecManager
+
+from ivralo_kernel.host.kernelspec import LOGO_SVG, kernel_spec_dict
+from ivralo_kernel.protocol import KernelSpecError, names
+
+
+def check_python(python: str) -> str:
+    """The absolute path of an interpreter that can run the ivralo kernel, or a clear error."""
+    path = Path(python).expanduser()
+    if not path.is_absolute():
+        found = next((Path(d) / python for d in os.get_exec_path() if (Path(d) / python).is_file()), None)
+        if found is None:
+            raise KernelSpecError(f"--python {python}: no such interpreter on PATH. Give its full path.")
+        path = found
+    if not (path.is_file() and os.access(path, os.X_OK)):
+        raise KernelSpecError(f"--python {path}: not an executable file. Give the path of a Python interpreter.")
+    probe = subprocess.run(
+        [str(path), "-c", "import ivralo_kernel.supervisor, ipykernel"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    if probe.returncode != 0:
+        raise KernelSpecError(
+            f"--python {path}: this interpreter cannot import ivralo_kernel and ipykernel, so the kernel "
+            f"could not start. Install it there first: {path} -m pip install ivralo-kernel"
+        )
+    # Keep the venv's own path (not the resolved symlink): resolving would leave the venv.
+    return str(path.absolute())
+
+
+def install(
+    *,
+    user: bool = False,
+    prefix: str | None = None,
+    name: str = names.KERNEL_NAME,
+    python: str | None = None,
+    display_name: str | None = None,
+) -> str:
+    """Install the kernelspec; return the folder it was written to."""
+    interpreter = check_python(python) if python else sys.executable
+    spec = kernel_spec_dict(python=interpreter, display_name=display_name or names.DISPLAY_NAME)
+    with tempfile.TemporaryDirectory() as staging:
+        Path(staging, "kernel.json").write_text(json.dumps(spec, indent=1) + "\n", encoding="utf-8")
+        Path(staging, "logo-svg.svg").write_text(LOGO_SVG, encoding="utf-8")
+        try:
+            return str(KernelSpecManager().install_kernel_spec(staging, kernel_name=name, user=user, prefix=prefix))
+        except PermissionError as exc:
+            raise KernelSpecError(
+                f"cannot write the kernelspec to {exc.filename}: permission denied. "
+                "Install for yourself with --user, or into this environment with --sys-prefix."
+            ) from None

@@ -1,0 +1,54 @@
+"""[host] The ``ivralo`` kernelspec, produced by a function so that install and Session agree.
+
+The interpreter in argv is absolute: jupyter_client replaces a bare ``python`` with the *host's*
+interpreter, and VS Code runs argv as written. ``-P`` keeps the workspace (the kernel's working
+directory) off ``sys.path`` while our own modules load; ``-B`` writes no bytecode.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from ivralo_kernel.protocol import names
+
+SUPERVISOR_MODULE = "ivralo_kernel.supervisor"
+
+
+def kernel_argv(python: str | None = None) -> list[str]:
+    return [python or sys.executable, "-P", "-B", "-m", SUPERVISOR_MODULE, "-f", "{connection_file}"]
+
+
+def kernel_spec_dict(
+    python: str | None = None,
+    display_name: str = names.DISPLAY_NAME,
+    provisioner_config: dict[str, Any] | None = None,
+    env: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """The content of ``kernel.json``."""
+    return {
+        "argv": kernel_argv(python),
+        "display_name": display_name,
+        "language": "python",
+        # jupyter_client signals the process group; the supervisor ignores SIGINT, the kernel gets it.
+        "interrupt_mode": "signal",
+        "env": dict(env or {}),
+        "kernel_protocol_version": "5.5",
+        "metadata": {
+            "debugger": False,
+            "kernel_provisioner": {
+                "provisioner_name": names.PROVISIONER_NAME,
+                "config": dict(provisioner_config or {}),
+            },
+        },
+    }
+
+
+# A small logo for JupyterLab's launcher card (it prefers logo-svg).
+LOGO_SVG = """<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 64 64" width="64" height="64">
+<rect x="2" y="2" width="60" height="60" rx="12" fill="#1f4e79"/>
+<path d="M32 10 L50 17 V31 C50 43 42 51 32 55 C22 51 14 43 14 31 V17 Z" fill="#ffd43b"/>
+<text x="32" y="41" font-family="sans-serif" font-size="22" font-weight="bold" text-anchor="middle"
+ fill="#1f4e79">iv</text>
+</svg>
+"""

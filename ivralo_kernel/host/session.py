@@ -1,0 +1,262 @@
+"""[host] ``Session``: one agent's Python worker, reached over jupyter_client.
+
+* Lazy: the kernel starts on the first call, not in the constructor.
+* One call at a time: calls of one session are serialised by a lock, so two never share a worker.
+* The return contract: ``run`` returns what the cell printed (and its result's text) as ``str``, or
+  ``{"status", "result", "error"}`` when the cell failed or the worker was lost.
+* Names, never values: after each successful call the host keeps the list of variable names, so a
+  lost worker can say which variables have to be recreated.
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import os
+import queue
+import threading
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from pathlib import Path
+from typing import Any, TypeVar
+
+from jupyter_client.asynchronous.client import AsyncKernelClient
+
+from ivralo_kernel.host.config import WorkerConfig
+from ivralo_kernel.host.manager import IvraloKernelManager
+from ivralo_kernel.host.outputs import CellOutput, error_result, lost_names_message
+from ivralo_kernel.protocol import KernelPolicy, WorkerBootstrapError, names
+
+RunResult = str | dict[str, str]
+T = TypeVar("T")
+
+# Evaluated by the kernel after each successful cell (user_expressions): the names, never values.
+_NAMES_EXPR = (
+    "sorted(k for k in get_ipython().user_ns if not k.startswith('_') "
+    "and k not in get_ipython().user_ns_hidden)"
+)
+_POLL_S = 0.05
+
+
+class Session:
+    """An agent's guarded Python session. Use ``async with Session(...) as s: await s.run(code)``."""
+
+    def __init__(
+        self,
+        workspace: str | os.PathLike[str] = ".",
+        config: WorkerConfig | None = None,
+        role: str = names.ROLE_SPECIALIST,
+        grants: tuple[str, ...] = (),
+        ask: Callable[[str], Awaitable[str]] | None = None,
+        approve: Callable[[str], Awaitable[bool]] | None = None,
+        surface: str = "project",
+        gateway_url: str | None = None,
+        *,
+        python: str | None = None,
+    ) -> None:
+        self.workspace = str(Path(workspace).resolve())
+        self.config = config or WorkerConfig()
+        KernelPolicy(workspace=self.workspace, role=role)  # validates role now, not at first call
+        self.role = role
+        self.grants = tuple(grants)
+        self.ask, self.approve = ask, approve
+        self.surface, self.gateway_url = surface, gateway_url
+        self.python = python
+        self._lock = asyncio.Lock()
+        self._km: IvraloKernelManager | None = None
+        self._kc: AsyncKernelClient | None = None
+        self._known_names: list[str] = []
+        self.kernel_info: dict[str, Any] = {}
+
+    async def __aenter__(self) -> Session:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    @property
+    def pid(self) -> int | None:
+        """Pid of the kernel process (not the supervisor), once it is ready."""
+        section = self.kernel_info.get(names.KERNEL_INFO_SECTION) or {}
+        pid = section.get("pid")
+        return int(pid) if pid else None
+
+    @property
+    def supervisor_pid(self) -> int | None:
+        provisioner = self._km.provisioner if self._km else None
+        return getattr(provisioner, "pid", None)
+
+    async def run(self, code: str) -> RunResult:
+        """Run ``code``; return its printed output, or the error dict."""
+        async with self._lock:
+            if self.approve is not None and not await self.approve(code):
+                return error_result("", "refused: the person did not approve this code", "done_with_errors")
+            try:
+                kc = await self._ensure_started()
+            except WorkerBootstrapError as exc:
+                return error_result("", str(exc))
+            return await self._execute(kc, code)
+
+    async def _ensure_started(self) -> AsyncKernelClient:
+        if self._kc is not None and self._km is not None and await self._km.is_alive():
+            return self._kc
+        await self._stop_kernel()
+        settings: dict[str, Any] = {"workspace": self.workspace, "role": self.role}
+        if self.config.memory_limit_bytes:
+            settings["memory_limit_bytes"] = self.config.memory_limit_bytes
+        if self.config.rlimit_nofile:
+            settings["rlimit_nofile"] = self.config.rlimit_nofile
+        km = IvraloKernelManager.for_settings(python=self.python, **settings)
+        self._km = km
+        await km.start_kernel(cwd=self.workspace)
+        kc = km.client()
+        kc.start_channels()
+        self._kc = kc
+        budget = self.config.bootstrap_timeout_ms / 1000
+        try:
+            await kc.wait_for_ready(timeout=budget)
+            reply = await kc.kernel_info(reply=True, timeout=budget)
+        except (RuntimeError, TimeoutError) as exc:
+            pid = self.supervisor_pid
+            await self._stop_kernel()
+            log = Path(self.workspace) / names.WORKER_LOG
+            raise WorkerBootstrapError(
+                f"ivralo kernel (supervisor pid {pid}) did not become ready within "
+                f"{self.config.bootstrap_timeout_ms} ms: {exc}. Why it failed is in {log}."
+            ) from None
+        self.kernel_info = reply["content"]
+        self._known_names = []
+        return kc
+
+    async def _execute(self, kc: AsyncKernelClient, code: str) -> RunResult:
+        msg_id = kc.execute(code, allow_stdin=False, stop_on_error=True, user_expressions={"names": _NAMES_EXPR})
+        out = CellOutput()
+        deadline = time.monotonic() + self.config.deadline_ms / 1000
+        idle = False
+        while not idle:
+            if time.monotonic() >= deadline:
+                return await self._lose_worker(f"timeout: execution exceeded deadline_ms={self.config.deadline_ms}")
+            try:
+                msg = await kc.get_iopub_msg(timeout=_POLL_S)
+            except queue.Empty:
+                assert self._km is not None
+                if not await self._km.is_alive():
+                    return await self._lose_worker(f"crash: {self._exit_description()}")
+                continue
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            if msg["header"]["msg_type"] == "status":
+                idle = msg["content"]["execution_state"] == "idle"
+            else:
+                out.add(msg)
+        reply = await self._shell_reply(kc, msg_id)
+        content = reply["content"] if reply else {}
+        if content.get("status") == "ok":
+            self._known_names = _names_from(content.get("user_expressions", {}).get("names"))
+        if out.error is not None or content.get("status") == "error":
+            error = out.error or f"{content.get('ename')}: {content.get('evalue')}"
+            return error_result(out.text, error)
+        return out.text
+
+    async def _shell_reply(self, kc: AsyncKernelClient, msg_id: str) -> dict[str, Any] | None:
+        deadline = time.monotonic() + self.config.namespace_timeout_ms / 1000
+        while time.monotonic() < deadline:
+            try:
+                reply: dict[str, Any] = await kc.get_shell_msg(timeout=_POLL_S)
+            except queue.Empty:
+                continue
+            if reply["parent_header"].get("msg_id") == msg_id:
+                return reply
+        return None
+
+    def _exit_description(self) -> str:
+        provisioner = self._km.provisioner if self._km else None
+        process = getattr(provisioner, "process", None)
+        code = process.poll() if process is not None else None
+        if code is None:
+            return "the kernel stopped answering"
+        if code > 128:
+            return f"the kernel was killed by signal {code - 128}"
+        return f"the kernel exited with status {code}"
+
+    async def _lose_worker(self, cause: str) -> dict[str, str]:
+        lost = list(self._known_names)
+        await self._stop_kernel()
+        message = lost_names_message(cause, lost)
+        return error_result(message, message)
+
+    async def _stop_kernel(self) -> None:
+        kc, km = self._kc, self._km
+        self._kc = self._km = None
+        self.kernel_info = {}
+        if kc is not None:
+            kc.stop_channels()
+        if km is not None:
+            try:
+                if await km.is_alive():
+                    await km.shutdown_kernel(now=True)
+                else:
+                    await km.cleanup_resources()
+            except Exception:  # noqa: BLE001 - teardown must finish; the tree is killed below anyway
+                if km.provisioner is not None:
+                    await km.provisioner.kill()
+
+    async def close(self) -> None:
+        """Stop the worker and its whole process tree."""
+        async with self._lock:
+            await self._stop_kernel()
+
+    async def list_vars(self) -> list[str]:
+        """Names of the variables the last successful call left (no values)."""
+        return list(self._known_names)
+
+
+def _names_from(expression_result: dict[str, Any] | None) -> list[str]:
+    if not expression_result or expression_result.get("status") != "ok":
+        return []
+    try:
+        value = ast.literal_eval(expression_result["data"]["text/plain"])
+    except (KeyError, ValueError, SyntaxError):
+        return []
+    return [str(v) for v in value]
+
+
+class SyncSession:
+    """The same session for scripts: every method blocks. Runs its own event loop in a thread."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="ivralo-session", daemon=True)
+        self._thread.start()
+        self._session: Session = self._call(_make_session(*args, **kwargs))
+
+    def _call(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def __enter__(self) -> SyncSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def run(self, code: str) -> RunResult:
+        return self._call(self._session.run(code))
+
+    def list_vars(self) -> list[str]:
+        return self._call(self._session.list_vars())
+
+    @property
+    def pid(self) -> int | None:
+        return self._session.pid
+
+    def close(self) -> None:
+        if self._loop.is_closed():
+            return
+        self._call(self._session.close())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
+
+
+async def _make_session(*args: Any, **kwargs: Any) -> Session:
+    return Session(*args, **kwargs)  # built inside the loop thread: its lock binds to that loop

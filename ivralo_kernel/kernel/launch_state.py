@@ -1,0 +1,20 @@
+"""[kernel] What the launcher did before ipykernel existed, for ``kernel_info_reply`` to report."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class LaunchState:
+    workspace: str = ""
+    role: str = "specialist"
+    started_at: float = 0.0  # wall clock at which the host/supervisor launched us
+    bootstrap_ms: float | None = None
+    layers: dict[str, Any] = field(default_factory=dict)
+    scrubbed: list[str] = field(default_factory=list)  # names only, never values
+    notes: list[str] = field(default_factory=list)  # things the person should know (banner)
+
+
+STATE = LaunchState()

@@ -1,0 +1,51 @@
+"""[protocol] Every string that crosses a process boundary: environment names, file names, stages.
+
+Host, supervisor and kernel agree on these and on nothing else, so each lives here once.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+KERNEL_NAME: Final = "ivralo"
+DISPLAY_NAME: Final = "Python (ivralo)"
+PROVISIONER_NAME: Final = "ivralo-provisioner"
+IMPLEMENTATION: Final = "ivralo"
+
+# Environment the host (provisioner or Session) and the supervisor hand to the kernel.
+ENV_WORKSPACE: Final = "IVRALO_WORKSPACE"
+ENV_POLICY_FILE: Final = "IVRALO_POLICY_FILE"
+ENV_CONFIG_HOME: Final = "IVRALO_CONFIG_HOME"
+ENV_MEMORY_LIMIT: Final = "IVRALO_MEMORY_LIMIT_BYTES"
+ENV_RLIMIT_NOFILE: Final = "IVRALO_RLIMIT_NOFILE"
+ENV_ROLE: Final = "IVRALO_ROLE"
+# Set by the supervisor only: the pipe the kernel reports its start-up stages on, and the
+# supervisor's pid (the kernel's parent poller follows it through JPY_PARENT_PID too).
+ENV_STAGE_FD: Final = "IVRALO_STAGE_FD"
+ENV_SUPERVISOR_PID: Final = "IVRALO_SUPERVISOR_PID"
+ENV_LAUNCHED_AT: Final = "IVRALO_LAUNCHED_AT"
+ENV_PARENT_PID: Final = "JPY_PARENT_PID"
+
+# The product's own database URL: always scrubbed, whatever its name says.
+ENV_PRODUCT_SQL_URL: Final = "IVRALO_SQL_URL"
+
+# Files in a workspace (and in the config home, for databases.json).
+STATE_DIR: Final = ".ivralo"
+WORKER_LOG: Final = ".ivralo/python-worker.log"
+DATABASES_FILE: Final = "databases.json"
+DOTENV_FILE: Final = ".env"
+
+# Start-up stage markers, in order. The kernel writes each one to the supervisor's stage pipe
+# as it is reached; a kernel that dies before READY leaves the last one in the worker log.
+STAGE_INTERPRETER_UP: Final = "interpreter up"
+STAGE_LIMITS_APPLIED: Final = "limits applied"
+STAGE_GUARDS_INSTALLED: Final = "guards installed"
+STAGE_KERNEL_BUILT: Final = "kernel built"
+STAGES: Final = (STAGE_INTERPRETER_UP, STAGE_LIMITS_APPLIED, STAGE_GUARDS_INSTALLED, STAGE_KERNEL_BUILT)
+
+ROLE_SPECIALIST: Final = "specialist"
+ROLE_READONLY: Final = "readonly"
+ROLES: Final = (ROLE_SPECIALIST, ROLE_READONLY)
+
+# The section of kernel_info_reply that says this is an ivralo kernel and what is in force.
+KERNEL_INFO_SECTION: Final = "ivralo"

@@ -1,0 +1,80 @@
+"""[protocol] The launch policy a host hands to a kernel: a frozen value object and its JSON form.
+
+The provisioner writes it to a read-only file and names the file in ``IVRALO_POLICY_FILE``. A
+kernel launched without a host (VS Code runs ``kernel.json`` argv itself) builds it from the
+``IVRALO_*`` variables of the kernelspec's ``env`` instead, so both paths apply the same limits.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+from ivralo_kernel.protocol import names
+from ivralo_kernel.protocol.errors import ConfigError
+
+GIB = 1 << 30
+
+
+def default_memory_limit() -> int:
+    """Half the machine's memory, at least 1 GiB: a runaway cell fails with MemoryError long
+    before the host starts swapping or the OOM killer picks a victim."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):  # pragma: no cover - non-POSIX
+        return 4 * GIB
+    return max(GIB, total // 2)
+
+
+@dataclass(frozen=True)
+class KernelPolicy:
+    """What a kernel enforces on itself. ``None`` for a limit means "leave the inherited one"."""
+
+    workspace: str
+    role: str = names.ROLE_SPECIALIST
+    memory_limit_bytes: int | None = None
+    rlimit_nofile: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.role not in names.ROLES:
+            raise ConfigError("role", f"{self.role!r} is not a role", f"Use one of: {', '.join(names.ROLES)}")
+        for field in ("memory_limit_bytes", "rlimit_nofile"):
+            value = getattr(self, field)
+            if value is not None and (not isinstance(value, int) or value <= 0):
+                raise ConfigError(field, f"{value!r} is not a positive whole number", "Give a count, or leave it unset")
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> KernelPolicy:
+        data = json.loads(text)
+        if not isinstance(data, dict):
+            raise ConfigError("policy", "the policy file does not hold an object", "Let the host write it")
+        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        return cls(**known)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str], cwd: str) -> KernelPolicy:
+        """The policy file named by the environment, else the ``IVRALO_*`` variables, else defaults."""
+        path = env.get(names.ENV_POLICY_FILE)
+        if path:
+            with open(path, encoding="utf-8") as f:
+                return cls.from_json(f.read())
+        fields: dict[str, Any] = {"workspace": env.get(names.ENV_WORKSPACE) or cwd}
+        if env.get(names.ENV_ROLE):
+            fields["role"] = env[names.ENV_ROLE]
+        for var, field in ((names.ENV_MEMORY_LIMIT, "memory_limit_bytes"), (names.ENV_RLIMIT_NOFILE, "rlimit_nofile")):
+            raw = env.get(var)
+            if raw:
+                try:
+                    fields[field] = int(raw)
+                except ValueError:
+                    raise ConfigError(var, f"{raw!r} is not a whole number", "Set it to a byte or file count") from None
+        return cls(**fields)
+
+    def with_changes(self, **changes: Any) -> KernelPolicy:
+        return replace(self, **changes)

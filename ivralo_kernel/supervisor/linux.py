@@ -1,0 +1,37 @@
+"""[supervisor] The few Linux process controls the supervisor needs, through libc's prctl.
+
+On another OS (or a libc without prctl) every call reports False and the supervisor still runs,
+with tree cleanup reduced to what it can see of its own children.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import sys
+
+PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
+
+_libc: ctypes.CDLL | None
+try:
+    _libc = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
+except OSError:  # pragma: no cover - exotic platforms
+    _libc = None
+
+
+def prctl(option: int, arg: int) -> bool:
+    """True when the kernel accepted the setting."""
+    if _libc is None:
+        return False
+    return int(_libc.prctl(option, arg, 0, 0, 0)) == 0
+
+
+def set_child_subreaper() -> bool:
+    """Orphaned descendants are reparented to us instead of to init, so none escapes the tree."""
+    return prctl(PR_SET_CHILD_SUBREAPER, 1)
+
+
+def set_parent_death_signal(signum: int) -> bool:
+    """Ask the kernel of the OS to send ``signum`` when our parent (thread) exits."""
+    return prctl(PR_SET_PDEATHSIG, signum)

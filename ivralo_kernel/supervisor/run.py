@@ -1,0 +1,182 @@
+"""[supervisor] Start the kernel, follow it, and take its whole tree down when anything ends.
+
+Order of steps, and why each comes where it does:
+
+1. Note our parent, then drop credentials from our own exec-time environment by re-executing
+   (``/proc/<pid>/environ`` keeps the block we were started with; deleting keys changes nothing).
+2. Become a child subreaper, so every orphan in the kernel's tree is reparented to us.
+3. Ask for a catchable parent-death signal, then compare ``getppid()`` with the parent noted in
+   step 1: a host that died before the request was made sends no signal.
+4. Ignore SIGINT: jupyter_client interrupts by signalling the whole process group, and the
+   interrupt is for the kernel, not for us.
+5. Fork and exec the kernel with a scrubbed environment, a stage pipe, and a SIGKILL parent-death
+   signal, so a supervisor that is itself SIGKILLed does not leave a kernel behind.
+6. Wait. The kernel exiting, SIGTERM (stop gracefully), SIGUSR1 (kill now), the parent-death
+   signal, or a changed ``getppid()`` each end the wait; then the whole tree is frozen and killed,
+   and we exit with the kernel's status.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import sys
+import time
+from pathlib import Path
+
+from ivralo_kernel.protocol import KernelPolicy, database_env_names, names, scrub
+from ivralo_kernel.supervisor import linux, tree
+
+# Host asks for an immediate end of the whole tree (the provisioner's kill, an agent's Esc).
+SIGNAL_KILL_NOW = signal.SIGUSR1
+# Delivered by the kernel of the OS when our parent exits; catchable so that we can clean up.
+SIGNAL_PARENT_DIED = signal.SIGHUP
+# After a graceful SIGTERM, how long the kernel gets to exit on its own.
+TERM_GRACE_S = 3.0
+# How often the parent is checked by pid, in case the death signal was missed.
+PARENT_POLL_S = 0.5
+
+_WATCHED = (signal.SIGCHLD, signal.SIGTERM, signal.SIGQUIT, SIGNAL_KILL_NOW, SIGNAL_PARENT_DIED)
+
+
+def _reexec_without_secrets(workspace: str) -> None:
+    db_names, _ = database_env_names(workspace, os.environ)
+    clean, removed = scrub(os.environ, db_names)
+    if removed:
+        # Same pid, same parent: only the exec-time environment block changes.
+        os.execve(sys.executable, list(sys.orig_argv), clean)
+
+
+def _kernel_env(workspace: str, stage_fd: int) -> dict[str, str]:
+    db_names, _ = database_env_names(workspace, os.environ)
+    env, _ = scrub(os.environ, db_names)
+    env.update(
+        {
+            # ipykernel's parent poller exits the kernel when this pid stops being its parent.
+            names.ENV_PARENT_PID: str(os.getpid()),
+            names.ENV_SUPERVISOR_PID: str(os.getpid()),
+            names.ENV_STAGE_FD: str(stage_fd),
+            names.ENV_WORKSPACE: workspace,
+            names.ENV_LAUNCHED_AT: repr(time.time()),
+            # No process started through the kernel writes __pycache__ into the workspace.
+            "PYTHONDONTWRITEBYTECODE": "1",
+        }
+    )
+    return env
+
+
+def _start_kernel(argv: list[str], env: dict[str, str]) -> int:
+    cmd = [sys.executable, "-P", "-B", "-m", "ivralo_kernel.kernel", *argv]
+    supervisor = os.getpid()
+    pid = os.fork()
+    if pid:
+        return pid
+    try:  # in the child: undo what is ours, then become the kernel
+        for signum in (signal.SIGINT, *_WATCHED):
+            signal.signal(signum, signal.SIG_DFL)
+        signal.set_wakeup_fd(-1)
+        linux.set_parent_death_signal(signal.SIGKILL)
+        if os.getppid() != supervisor:
+            os._exit(1)
+        os.execve(cmd[0], cmd, env)
+    except BaseException as exc:  # noqa: BLE001 - nothing may return into the parent's code
+        os.write(2, f"ivralo supervisor: cannot start the kernel: {exc}\n".encode())
+    os._exit(127)
+
+
+def _exit_code(status: int) -> int:
+    if os.WIFSIGNALED(status):
+        return 128 + os.WTERMSIG(status)
+    return os.waitstatus_to_exitcode(status)
+
+
+def _describe(status: int) -> str:
+    if os.WIFSIGNALED(status):
+        return f"killed by signal {signal.Signals(os.WTERMSIG(status)).name}"
+    return f"exited with status {os.waitstatus_to_exitcode(status)}"
+
+
+def _write_worker_log(workspace: str, stages: list[str], how: str) -> None:
+    """Record why a kernel did not come up, where a person (and the host's error) will look."""
+    reached = stages[-1] if stages else "none (the interpreter did not start)"
+    lines = [
+        f"{time.strftime('%Y-%m-%d %H:%M:%S')} ivralo kernel failed to start: it {how}.",
+        f"  last stage reached: {reached}",
+        f"  stages: {', '.join(stages) or '-'}",
+    ]
+    path = Path(workspace) / names.WORKER_LOG
+    try:
+        path.parent.mkdir(exist_ok=True)
+        with open(path, "a", encoding="utf-8") as f:
+            f.write("\n".join(lines) + "\n")
+    except OSError as exc:
+        print(f"ivralo supervisor: cannot write {path}: {exc.strerror}", file=sys.stderr)
+    print("\n".join(lines), f"  (written to {path})", sep="\n", file=sys.stderr)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    parent = os.getppid()
+    workspace = KernelPolicy.from_env(os.environ, os.getcwd()).workspace
+    _reexec_without_secrets(workspace)  # step 1
+
+    linux.set_child_subreaper()  # step 2
+    linux.set_parent_death_signal(SIGNAL_PARENT_DIED)  # step 3
+    if os.getppid() != parent:
+        return 1
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # step 4
+
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    for signum in _WATCHED:  # a Python-level handler so the C handler writes to the wake pipe
+        signal.signal(signum, lambda *_: None)
+
+    stage_r, stage_w = os.pipe()
+    os.set_inheritable(stage_w, True)
+    kernel = _start_kernel(args, _kernel_env(workspace, stage_w))  # step 5
+    os.close(stage_w)
+
+    stages: list[str] = []
+    pending = b""
+    kernel_status: int | None = None
+    term_deadline: float | None = None
+    stage_open = True
+    while kernel_status is None:  # step 6
+        timeout = PARENT_POLL_S
+        if term_deadline is not None:
+            timeout = max(0.0, min(timeout, term_deadline - time.monotonic()))
+        watch = [wake_r, stage_r] if stage_open else [wake_r]
+        ready, _, _ = select.select(watch, [], [], timeout)
+        if stage_r in ready:
+            chunk = os.read(stage_r, 4096)
+            if not chunk:
+                stage_open = False
+                os.close(stage_r)
+            *lines, pending = (pending + chunk).split(b"\n")
+            stages += [line.decode(errors="replace") for line in lines if line]
+        received = set(os.read(wake_r, 512)) if wake_r in ready else set()
+        for pid, status in tree.reap_children():
+            if pid == kernel:
+                kernel_status = status
+        if received & {SIGNAL_KILL_NOW, SIGNAL_PARENT_DIED} or os.getppid() != parent:
+            break
+        if received & {signal.SIGTERM, signal.SIGQUIT} and term_deadline is None:
+            term_deadline = time.monotonic() + TERM_GRACE_S
+            try:
+                os.kill(kernel, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        if term_deadline is not None and time.monotonic() >= term_deadline:
+            break
+
+    for pid, status in tree.kill_tree(os.getpid()):
+        if pid == kernel:
+            kernel_status = status
+    if kernel_status is None:
+        return 128 + signal.SIGKILL
+    built = names.STAGE_KERNEL_BUILT in stages
+    if not built and term_deadline is None:
+        _write_worker_log(workspace, stages, _describe(kernel_status))
+    return _exit_code(kernel_status)

@@ -1,0 +1,96 @@
+"""[supervisor] Find and end every descendant of this process.
+
+``killpg`` misses children that called ``setsid()``; a snapshot of children misses double forks.
+As a subreaper we are an ancestor of everything the kernel ever started, so walking ``/proc`` for
+our descendants sees them all. Each round freezes what it finds (SIGSTOP) before killing, so a
+process cannot fork a new child between being listed and being killed.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+
+def _parent_map() -> dict[int, list[int]]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:  # gone between listdir and open
+            continue
+        # The command name is in parentheses and may itself contain spaces or ')'.
+        fields = stat[stat.rfind(b")") + 2 :].split()
+        state, ppid = fields[0], int(fields[1])
+        if state == b"Z":  # a zombie can't be killed again; reaping takes care of it
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    return children
+
+
+def descendants(root: int) -> set[int]:
+    """Live (non-zombie) descendants of ``root``."""
+    if not os.path.isdir("/proc"):  # pragma: no cover - non-Linux
+        return set()
+    children = _parent_map()
+    found: set[int] = set()
+    stack = [root]
+    while stack:
+        for child in children.get(stack.pop(), ()):
+            if child not in found:
+                found.add(child)
+                stack.append(child)
+    return found
+
+
+def reap_children() -> list[tuple[int, int]]:
+    """Collect every exited child without blocking; returns (pid, wait status) pairs."""
+    reaped = []
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return reaped
+        if pid == 0:
+            return reaped
+        reaped.append((pid, status))
+
+
+def _signal_all(pids: set[int], signum: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signum)
+        except ProcessLookupError:
+            pass
+
+
+def kill_tree(root: int, budget_s: float = 2.0) -> list[tuple[int, int]]:
+    """Freeze and kill every descendant of ``root`` (ourselves), and reap them. Returns what was reaped."""
+    reaped: list[tuple[int, int]] = []
+    deadline = time.monotonic() + budget_s
+    while time.monotonic() < deadline:
+        found = descendants(root)
+        if not found:
+            reaped += reap_children()
+            if not descendants(root):
+                break
+            continue
+        _signal_all(found, signal.SIGSTOP)
+        # Anything forked before the stop landed shows up now; freeze until the set is stable.
+        while True:
+            more = descendants(root) - found
+            if not more:
+                break
+            _signal_all(more, signal.SIGSTOP)
+            found |= more
+        _signal_all(found, signal.SIGKILL)
+        reaped += reap_children()
+        # Grandchildren are reparented to us as their parents die; give the kernel of the OS a
+        # moment to do that before the next scan (bounded by the deadline above).
+        time.sleep(0.002)
+    reaped += reap_children()
+    return reaped
