@@ -66,7 +66,7 @@ def _kernel_env(workspace: str, stage_fd: int) -> dict[str, str]:
     return env
 
 
-def _start_kernel(argv: list[str], env: dict[str, str]) -> int:
+def _start_kernel(argv: list[str], env: dict[str, str], stderr_fd: int) -> int:
     cmd = [sys.executable, "-P", "-B", "-m", "ivralo_kernel.kernel", *argv]
     supervisor = os.getpid()
     pid = os.fork()
@@ -76,6 +76,7 @@ def _start_kernel(argv: list[str], env: dict[str, str]) -> int:
         for signum in (signal.SIGINT, *_WATCHED):
             signal.signal(signum, signal.SIG_DFL)
         signal.set_wakeup_fd(-1)
+        os.dup2(stderr_fd, 2)
         linux.set_parent_death_signal(signal.SIGKILL)
         if os.getppid() != supervisor:
             os._exit(1)
@@ -93,17 +94,19 @@ def _exit_code(status: int) -> int:
 
 def _describe(status: int) -> str:
     if os.WIFSIGNALED(status):
-        return f"killed by signal {signal.Signals(os.WTERMSIG(status)).name}"
+        return f"was killed by signal {signal.Signals(os.WTERMSIG(status)).name}"
     return f"exited with status {os.waitstatus_to_exitcode(status)}"
 
 
-def _write_worker_log(workspace: str, stages: list[str], how: str) -> None:
+def _write_worker_log(workspace: str, stages: list[str], how: str, stderr_tail: bytes) -> None:
     """Record why a kernel did not come up, where a person (and the host's error) will look."""
     reached = stages[-1] if stages else "none (the interpreter did not start)"
     lines = [
         f"{time.strftime('%Y-%m-%d %H:%M:%S')} ivralo kernel failed to start: it {how}.",
         f"  last stage reached: {reached}",
         f"  stages: {', '.join(stages) or '-'}",
+        "  stderr tail:",
+        *("    " + line for line in stderr_tail.decode(errors="replace").splitlines()[-20:]),
     ]
     path = Path(workspace) / names.WORKER_LOG
     try:
@@ -112,7 +115,38 @@ def _write_worker_log(workspace: str, stages: list[str], how: str) -> None:
             f.write("\n".join(lines) + "\n")
     except OSError as exc:
         print(f"ivralo supervisor: cannot write {path}: {exc.strerror}", file=sys.stderr)
-    print("\n".join(lines), f"  (written to {path})", sep="\n", file=sys.stderr)
+    print(f"ivralo supervisor: the kernel {how} before it was ready; see {path}", file=sys.stderr)
+
+
+class _StderrRelay:
+    """The kernel's stderr passes through us: forwarded as it comes, its tail kept for the log."""
+
+    TAIL_BYTES = 8192
+
+    def __init__(self) -> None:
+        self.read_fd, self.write_fd = os.pipe()
+        self.tail = b""
+        self.open = True
+
+    def pump(self) -> None:
+        chunk = os.read(self.read_fd, 65536)
+        if not chunk:
+            self.open = False
+            os.close(self.read_fd)
+            return
+        self.tail = (self.tail + chunk)[-self.TAIL_BYTES :]
+        try:
+            os.write(2, chunk)
+        except OSError:  # nobody reads our stderr any more; keep the tail anyway
+            pass
+
+    def drain(self) -> None:
+        os.set_blocking(self.read_fd, False)
+        while self.open:
+            try:
+                self.pump()
+            except BlockingIOError:
+                return
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -135,8 +169,10 @@ def main(argv: list[str] | None = None) -> int:
 
     stage_r, stage_w = os.pipe()
     os.set_inheritable(stage_w, True)
-    kernel = _start_kernel(args, _kernel_env(workspace, stage_w))  # step 5
+    relay = _StderrRelay()
+    kernel = _start_kernel(args, _kernel_env(workspace, stage_w), relay.write_fd)  # step 5
     os.close(stage_w)
+    os.close(relay.write_fd)
 
     stages: list[str] = []
     pending = b""
@@ -147,8 +183,10 @@ def main(argv: list[str] | None = None) -> int:
         timeout = PARENT_POLL_S
         if term_deadline is not None:
             timeout = max(0.0, min(timeout, term_deadline - time.monotonic()))
-        watch = [wake_r, stage_r] if stage_open else [wake_r]
+        watch = [wake_r] + ([stage_r] if stage_open else []) + ([relay.read_fd] if relay.open else [])
         ready, _, _ = select.select(watch, [], [], timeout)
+        if relay.open and relay.read_fd in ready:
+            relay.pump()
         if stage_r in ready:
             chunk = os.read(stage_r, 4096)
             if not chunk:
@@ -174,9 +212,11 @@ def main(argv: list[str] | None = None) -> int:
     for pid, status in tree.kill_tree(os.getpid()):
         if pid == kernel:
             kernel_status = status
+    if relay.open:
+        relay.drain()
     if kernel_status is None:
         return 128 + signal.SIGKILL
     built = names.STAGE_KERNEL_BUILT in stages
     if not built and term_deadline is None:
-        _write_worker_log(workspace, stages, _describe(kernel_status))
+        _write_worker_log(workspace, stages, _describe(kernel_status), relay.tail)
     return _exit_code(kernel_status)

@@ -1,0 +1,126 @@
+"""Shared fixtures: isolated Jupyter folders, the ivralo kernelspec, and a leak check.
+
+The pytest process makes itself a child subreaper, so every process a test starts (even a
+``setsid`` daemon whose parent died) stays a descendant of pytest; at the end of the session any
+descendant still alive fails the run, and is killed by pid.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+PR_SET_CHILD_SUBREAPER = 36
+CREDENTIAL_NAMES = ("IVRALO_TEST_API_KEY", "IVRALO_TEST_DB_PASSWORD", "SLACK_WEBHOOK_URL")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    ctypes.CDLL(None).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    # Isolate Jupyter's folders before anything imports jupyter_core: nothing lands in $HOME.
+    base = Path(tempfile.mkdtemp(prefix="ivralo-tests-"))
+    config._ivralo_base = base  # type: ignore[attr-defined]
+    for var, sub in (
+        ("JUPYTER_CONFIG_DIR", "config"),
+        ("JUPYTER_DATA_DIR", "data"),
+        ("JUPYTER_RUNTIME_DIR", "runtime"),
+        ("IPYTHONDIR", "ipython"),
+        ("IVRALO_CONFIG_HOME", "ivralo-config"),
+        ("MPLCONFIGDIR", "mpl"),
+    ):
+        (base / sub).mkdir()
+        os.environ[var] = str(base / sub)
+    os.environ["JUPYTER_PLATFORM_DIRS"] = "1"
+    # The kernelspec under test: installed fresh from this checkout into a private prefix.
+    from ivralo_kernel.cli.install import install
+
+    install(prefix=str(base / "prefix"))
+    os.environ["JUPYTER_PATH"] = str(base / "prefix" / "share" / "jupyter")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    base = getattr(config, "_ivralo_base", None)
+    if base is not None:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _alive(proc: psutil.Process) -> bool:
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def reap_zombies() -> None:
+    """Collect exited children (orphans reparented to pytest end up here as zombies)."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_process_left_behind() -> Iterator[None]:
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    yield
+    deadline = time.monotonic() + 5
+    while True:
+        reap_zombies()
+        left = [p for p in psutil.Process().children(recursive=True) if p.pid not in before and _alive(p)]
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    described = []
+    for proc in left:
+        try:
+            described.append(f"{proc.pid} {' '.join(proc.cmdline())[:120]}")
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
+    reap_zombies()
+    assert not described, "processes left behind by the tests:\n" + "\n".join(described)
+
+
+@pytest.fixture(autouse=True)
+def no_credentials_in_host_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test starts from a known environment (tests that need credentials set them)."""
+    for name in CREDENTIAL_NAMES:
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture
+def workspace(tmp_path: Path) -> Path:
+    ws = tmp_path / "workspace"
+    ws.mkdir()
+    return ws
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> None:
+    """Poll ``predicate`` under a monotonic deadline; fail naming ``what``."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.02)
+
+
+def gone(pid: int) -> bool:
+    """Not running: exited, or a zombie waiting for its parent (pytest, as subreaper)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+PYTHON = sys.executable

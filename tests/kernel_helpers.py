@@ -1,0 +1,53 @@
+"""Drive a kernel with a blocking jupyter_client and collect what a cell produced."""
+
+from __future__ import annotations
+
+import queue
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from jupyter_client.blocking.client import BlockingKernelClient
+
+
+@dataclass
+class Executed:
+    reply: dict[str, Any]
+    stdout: str = ""
+    stderr: str = ""
+    outputs: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def status(self) -> str:
+        return str(self.reply["content"]["status"])
+
+
+def execute(kc: BlockingKernelClient, code: str, timeout: float = 30, **kwargs: Any) -> Executed:
+    msg_id = kc.execute(code, **kwargs)
+    result = Executed(reply={})
+    deadline = time.monotonic() + timeout
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise AssertionError(f"no idle within {timeout} s for {code!r}")
+        try:
+            msg = kc.get_iopub_msg(timeout=remaining)
+        except queue.Empty:
+            continue
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        kind = msg["header"]["msg_type"]
+        if kind == "status" and msg["content"]["execution_state"] == "idle":
+            break
+        if kind == "stream":
+            if msg["content"]["name"] == "stdout":
+                result.stdout += msg["content"]["text"]
+            else:
+                result.stderr += msg["content"]["text"]
+        elif kind not in ("status", "execute_input"):
+            result.outputs.append(msg)
+    while True:
+        reply = kc.get_shell_msg(timeout=max(0.1, deadline - time.monotonic()))
+        if reply["parent_header"].get("msg_id") == msg_id:
+            result.reply = reply
+            return result

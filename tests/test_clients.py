@@ -1,0 +1,164 @@
+"""The kernel driven the ways its users drive it: console's KernelManager, nbclient's
+AsyncKernelManager, nbclient on a notebook, and a raw launch of kernel.json argv like VS Code's."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import nbformat
+import pytest
+from conftest import gone, wait_until
+from jupyter_client import AsyncKernelManager, KernelManager
+from jupyter_client.blocking.client import BlockingKernelClient
+from jupyter_client.connect import write_connection_file
+from jupyter_client.kernelspec import KernelSpecManager
+from kernel_helpers import execute
+from nbclient import NotebookClient
+
+
+@pytest.fixture
+def km(workspace: Path):
+    manager = KernelManager(kernel_name="ivralo")
+    manager.start_kernel(cwd=str(workspace))
+    yield manager
+    if manager.has_kernel:
+        manager.shutdown_kernel(now=True)
+
+
+@pytest.fixture
+def kc(km: KernelManager):
+    client = km.client()
+    client.start_channels()
+    client.wait_for_ready(timeout=60)
+    yield client
+    client.stop_channels()
+
+
+def test_console_path_keeps_variables_and_reports_ivralo(kc: BlockingKernelClient, workspace: Path) -> None:
+    assert execute(kc, "x = 6 * 7").status == "ok"
+    assert execute(kc, "print(x)").stdout == "42\n"
+    reply = kc.kernel_info(reply=True, timeout=10)["content"]
+    section = reply["ivralo"]
+    assert section["workspace"] == str(workspace.resolve())
+    assert section["role"] == "specialist"
+    assert section["bootstrap_ms"] > 0 and section["pid"] > 1
+    assert section["layers"]["memory_cap"] == "RLIMIT_DATA" and section["layers"]["dumpable"] is False
+    assert "kernel subshells" not in reply["supported_features"]
+    assert reply["implementation"] == "ivralo"
+
+
+def test_execute_on_control_is_refused(kc: BlockingKernelClient) -> None:
+    msg = kc.session.msg("execute_request", {"code": "open('/tmp/x','w')", "silent": False})
+    kc.control_channel.send(msg)
+    reply = kc.get_control_msg(timeout=10)
+    while reply["parent_header"].get("msg_id") != msg["header"]["msg_id"]:
+        reply = kc.get_control_msg(timeout=10)
+    assert reply["content"]["status"] == "error"
+    assert "refused" in reply["content"]["evalue"] and "shell" in reply["content"]["evalue"]
+
+
+def test_subshells_are_refused(kc: BlockingKernelClient) -> None:
+    msg = kc.session.msg("create_subshell_request", {})
+    kc.control_channel.send(msg)
+    reply = kc.get_control_msg(timeout=10)
+    while reply["parent_header"].get("msg_id") != msg["header"]["msg_id"]:
+        reply = kc.get_control_msg(timeout=10)
+    assert reply["content"]["status"] == "error"
+    assert "subshells are not supported" in reply["content"]["evalue"]
+
+
+def test_interrupt_reaches_user_code(km: KernelManager, kc: BlockingKernelClient) -> None:
+    msg_id = kc.execute("import time\nfor _ in range(600): time.sleep(0.1)")
+    wait_until(lambda: kc.get_iopub_msg(timeout=5)["content"].get("execution_state") == "busy", 10, "busy")
+    km.interrupt_kernel()
+    reply = kc.get_shell_msg(timeout=20)
+    assert reply["parent_header"]["msg_id"] == msg_id
+    assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "KeyboardInterrupt"
+    assert execute(kc, "print('still here')").stdout == "still here\n"
+
+
+def test_ipython_features_keep_working(kc: BlockingKernelClient) -> None:
+    assert execute(kc, "%time y = sum(range(10))").status == "ok"
+    assert execute(kc, "print(y)").stdout == "45\n"
+    shown = execute(kc, "from IPython.display import HTML, display\ndisplay(HTML('<b>hi</b>'))")
+    assert any("text/html" in o["content"].get("data", {}) for o in shown.outputs)
+    plotted = execute(kc, "%matplotlib inline\nimport matplotlib.pyplot as plt\nplt.plot([1, 2]); plt.show()")
+    assert any("image/png" in o["content"].get("data", {}) for o in plotted.outputs), plotted.stderr
+    widget = execute(kc, "import ipywidgets\nw = ipywidgets.IntSlider(3)\ndisplay(w)")
+    kinds = {o["header"]["msg_type"] for o in widget.outputs}
+    assert "comm_open" in kinds
+    assert any("application/vnd.jupyter.widget-view+json" in o["content"].get("data", {}) for o in widget.outputs)
+    completion = kc.complete("import collec", reply=True, timeout=10)["content"]
+    assert "collections" in completion["matches"]
+    inspection = kc.inspect("len", reply=True, timeout=10)["content"]
+    assert inspection["found"] and "Return the number of items" in inspection["data"]["text/plain"]
+    history = kc.history(hist_access_type="tail", n=3, reply=True, timeout=10)["content"]
+    assert history["status"] == "ok" and history["history"]
+
+
+async def test_async_kernel_manager_path(workspace: Path) -> None:
+    manager = AsyncKernelManager(kernel_name="ivralo")
+    await manager.start_kernel(cwd=str(workspace))
+    try:
+        client = manager.client()
+        client.start_channels()
+        await client.wait_for_ready(timeout=60)
+        reply = await client.execute_interactive("print('async', 1 + 1)", timeout=30)
+        assert reply["content"]["status"] == "ok"
+        client.stop_channels()
+    finally:
+        await manager.shutdown_kernel(now=True)
+
+
+def test_nbclient_executes_a_notebook(workspace: Path) -> None:
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "ivralo", "language": "python", "display_name": "Python (ivralo)"}
+    nb.cells = [nbformat.v4.new_code_cell("a = 20"), nbformat.v4.new_code_cell("print(a + 22)")]
+    NotebookClient(nb, timeout=60, resources={"metadata": {"path": str(workspace)}}).execute()
+    assert nb.cells[1].outputs[0]["text"] == "42\n"
+
+
+def test_raw_launch_of_kernel_json_like_vscode(workspace: Path, tmp_path: Path) -> None:
+    """VS Code runs argv itself with its whole environment, and stops the kernel with SIGTERM."""
+    spec = KernelSpecManager().get_kernel_spec("ivralo")
+    connection_file, info = write_connection_file(str(tmp_path / "kernel-raw.json"))
+    argv = [part.format(connection_file=connection_file) for part in spec.argv]
+    env = dict(os.environ, IVRALO_TEST_API_KEY="sk-raw-launch-secret", PYDEVD_IPYTHON_COMPATIBLE_DEBUGGING="1")
+    proc = subprocess.Popen(argv, cwd=workspace, env=env, stdin=subprocess.DEVNULL)
+    kernel_pid = None
+    try:
+        client = BlockingKernelClient(connection_file=connection_file)
+        client.load_connection_file()
+        client.start_channels()
+        client.wait_for_ready(timeout=60)
+        probe = execute(
+            client,
+            "import os, subprocess, json\n"
+            "child = subprocess.run(['env'], capture_output=True, text=True).stdout\n"
+            "print(json.dumps({'environ': 'IVRALO_TEST_API_KEY' in os.environ,"
+            " 'proc': b'sk-raw-launch-secret' in open('/proc/self/environ','rb').read(),"
+            " 'child': 'sk-raw-launch-secret' in child, 'pid': os.getpid(), 'cwd': os.getcwd()}))",
+        )
+        seen = json.loads(probe.stdout)
+        kernel_pid = seen["pid"]
+        assert seen["environ"] is False and seen["proc"] is False and seen["child"] is False
+        assert seen["cwd"] == str(workspace.resolve())
+        supervisor_env = Path(f"/proc/{proc.pid}/environ").read_bytes()
+        assert b"sk-raw-launch-secret" not in supervisor_env
+        client.stop_channels()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) is not None
+    assert kernel_pid is not None
+    wait_until(lambda: gone(kernel_pid), 5, "the kernel to exit after SIGTERM of the supervisor")
+
+
+def test_kernelspec_in_repo_matches_the_generator() -> None:
+    from ivralo_kernel.host.kernelspec import kernel_spec_dict
+
+    shipped = json.loads((Path(__file__).parents[1] / "kernelspec" / "kernel.json").read_text())
+    assert shipped == kernel_spec_dict(python="python")

@@ -1,0 +1,28 @@
+"""A kernel that cannot start says why in .ivralo/python-worker.log, and the host's error names it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ivralo_kernel.host import Session, WorkerConfig
+
+
+async def test_failed_start_is_logged_with_its_stage(workspace: Path) -> None:
+    # Five file descriptors are too few for ipykernel's sockets: a real failure at "kernel built".
+    session = Session(workspace=workspace, config=WorkerConfig(rlimit_nofile=5, bootstrap_timeout_ms=30_000))
+    async with session:
+        result = await session.run("print(1)")
+    log = workspace / ".ivralo" / "python-worker.log"
+    assert isinstance(result, dict) and result["status"] == "error"
+    assert str(log) in result["error"], result["error"]
+    text = log.read_text()
+    assert "last stage reached: guards installed" in text
+    assert "Too many open files" in text
+    assert "ivralo kernel failed to start: it was killed by signal SIGABRT" in text  # libzmq aborts
+
+
+async def test_session_after_a_failed_start_can_start_again(workspace: Path) -> None:
+    async with Session(workspace=workspace, config=WorkerConfig(rlimit_nofile=5)) as bad:
+        assert isinstance(await bad.run("1"), dict)
+    async with Session(workspace=workspace) as good:
+        assert await good.run("print('up')") == "up\n"
