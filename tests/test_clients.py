@@ -72,8 +72,10 @@ def test_subshells_are_refused(kc: BlockingKernelClient) -> None:
 
 
 def test_interrupt_reaches_user_code(km: KernelManager, kc: BlockingKernelClient) -> None:
-    msg_id = kc.execute("import time\nfor _ in range(600): time.sleep(0.1)")
-    wait_until(lambda: kc.get_iopub_msg(timeout=5)["content"].get("execution_state") == "busy", 10, "busy")
+    msg_id = kc.execute("import time\nprint('running', flush=True)\nfor _ in range(600): time.sleep(0.1)")
+    # Handshake: the cell itself says it runs. (`busy` is published before ipykernel installs its
+    # SIGINT handler, so an interrupt right after `busy` can be lost: that is ipykernel's window.)
+    wait_until(lambda: kc.get_iopub_msg(timeout=5)["content"].get("text") == "running\n", 10, "the cell to run")
     km.interrupt_kernel()
     reply = kc.get_shell_msg(timeout=20)
     assert reply["parent_header"]["msg_id"] == msg_id
@@ -125,7 +127,7 @@ def test_nbclient_executes_a_notebook(workspace: Path) -> None:
 def test_raw_launch_of_kernel_json_like_vscode(workspace: Path, tmp_path: Path) -> None:
     """VS Code runs argv itself with its whole environment, and stops the kernel with SIGTERM."""
     spec = KernelSpecManager().get_kernel_spec("ivralo")
-    connection_file, info = write_connection_file(str(tmp_path / "kernel-raw.json"))
+    connection_file, _ = write_connection_file(str(tmp_path / "kernel-raw.json"))
     argv = [part.format(connection_file=connection_file) for part in spec.argv]
     env = dict(os.environ, IVRALO_TEST_API_KEY="sk-raw-launch-secret", PYDEVD_IPYTHON_COMPATIBLE_DEBUGGING="1")
     proc = subprocess.Popen(argv, cwd=workspace, env=env, stdin=subprocess.DEVNULL)

@@ -59,7 +59,7 @@ def test_malformed_databases_json_is_reported_with_file_and_line(tmp_path: Path)
 def test_policy_round_trips_and_validates() -> None:
     policy = KernelPolicy(workspace="/w", memory_limit_bytes=1 << 30)
     assert KernelPolicy.from_json(policy.to_json()) == policy
-    with pytest.raises(ConfigError, match="role: 'admin' is not a role. Use one of: specialist, readonly"):
+    with pytest.raises(ConfigError, match=r"role: 'admin' is not a role\. Use one of: specialist, readonly"):
         KernelPolicy(workspace="/w", role="admin")
 
 

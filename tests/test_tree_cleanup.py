@@ -21,9 +21,9 @@ import json, os, subprocess, sys
 plain = subprocess.Popen(['sleep', '301'])
 session = subprocess.Popen(['sleep', '302'], start_new_session=True)
 # double fork: the middle process exits at once, the daemon is orphaned (and in its own session)
-daemon = subprocess.run([sys.executable, '-c',
-    "import subprocess; p = subprocess.Popen(['sleep', '303'], start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL); print(p.pid)"],
-    capture_output=True, text=True).stdout.strip()
+middle = ("import subprocess as s; p = s.Popen(['sleep', '303'], start_new_session=True,"
+          " stdout=s.DEVNULL, stderr=s.DEVNULL); print(p.pid)")
+daemon = subprocess.run([sys.executable, '-c', middle], capture_output=True, text=True).stdout.strip()
 print(json.dumps({'kernel': os.getpid(), 'children': [plain.pid, session.pid, int(daemon)]}))
 """
 

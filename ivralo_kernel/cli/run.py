@@ -11,6 +11,7 @@ from typing import Any
 
 from ivralo_kernel.host.manager import IvraloKernelManager
 from ivralo_kernel.host.outputs import CellOutput
+from ivralo_kernel.host.processes import still_running, tree_of
 from ivralo_kernel.protocol import IvraloError
 
 
@@ -41,16 +42,26 @@ def _print_cell(number: int, source: str, outputs: list[dict[str, Any]]) -> None
     print()
 
 
-def _run_notebook(path: Path, workspace: str, memory_limit: int | None, timeout: float) -> int:
+async def _run_notebook(path: Path, workspace: str, memory_limit: int | None, timeout: float) -> int:
     import nbformat
     from nbclient import NotebookClient
 
     nb = nbformat.read(path, as_version=4)
     km = IvraloKernelManager.for_settings(**_settings(workspace, memory_limit))
-    client = NotebookClient(
-        nb, km=km, timeout=timeout, allow_errors=True, resources={"metadata": {"path": workspace}}
-    )
-    client.execute()
+    client = NotebookClient(nb, km=km, timeout=timeout, allow_errors=True, resources={"metadata": {"path": workspace}})
+    tree: list[int] = []
+    try:
+        client.reset_execution_trackers()
+        # What async_execute does, minus its teardown: the tree is looked at before shutdown.
+        async with client.async_setup_kernel(cleanup_kc=False):
+            for index, cell in enumerate(nb.cells):
+                await client.async_execute_cell(cell, index, execution_count=client.code_cells_executed + 1)
+            tree = tree_of(km.provisioner.pid) if km.provisioner else []
+    finally:  # nbclient leaves a manager it was handed running: stop it, and the whole tree with it
+        if client.kc is not None:
+            client.kc.stop_channels()
+        if km.has_kernel:
+            await km.shutdown_kernel(now=False)
     failed = 0
     for cell in nb.cells:
         if cell.cell_type != "code":
@@ -58,6 +69,8 @@ def _run_notebook(path: Path, workspace: str, memory_limit: int | None, timeout:
         _print_cell(cell.get("execution_count") or 0, cell.source, cell.get("outputs", []))
         failed += any(o.get("output_type") == "error" for o in cell.get("outputs", []))
     print(f"ran {path.name}: {sum(c.cell_type == 'code' for c in nb.cells)} code cells, {failed} with an error")
+    left = still_running(tree)
+    print(f"after shutdown: {len(tree)} processes were in the kernel's tree, {len(left)} still running {left or ''}")
     return 0
 
 
@@ -81,7 +94,7 @@ def run_file(file: str, workspace: str | None, memory_limit: int | None, timeout
         raise IvraloError(f"{file}: no such file. Give the path of a .ipynb or .py file.")
     folder = os.path.realpath(workspace or path.parent)
     if path.suffix == ".ipynb":
-        return _run_notebook(path, folder, memory_limit, timeout)
+        return asyncio.run(_run_notebook(path, folder, memory_limit, timeout))
     if path.suffix == ".py":
         return asyncio.run(_run_script(path, folder, memory_limit, timeout))
     raise IvraloError(f"{file}: not a notebook or a Python file. Give a .ipynb or .py file.")

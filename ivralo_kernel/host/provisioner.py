@@ -19,7 +19,7 @@ import time
 from typing import Any
 
 import psutil
-from jupyter_client.provisioning import LocalProvisioner
+from jupyter_client.provisioning.local_provisioner import LocalProvisioner
 from traitlets import Int, Unicode, validate
 
 from ivralo_kernel.protocol import KernelPolicy, database_env_names, names, scrub
@@ -68,7 +68,9 @@ class IvraloProvisioner(LocalProvisioner):  # type: ignore[misc]
         for problem in problems:
             self.log.warning("ivralo: %s", problem)
         if removed:  # names only: values never reach a log
-            self.log.info("ivralo: kept %d credential variable(s) out of the kernel: %s", len(removed), ", ".join(removed))
+            self.log.info(
+                "ivralo: kept %d credential variable(s) out of the kernel: %s", len(removed), ", ".join(removed)
+            )
         self.policy_file = self._write_policy(policy)
         env[names.ENV_POLICY_FILE] = self.policy_file
         env[names.ENV_WORKSPACE] = policy.workspace
@@ -77,7 +79,8 @@ class IvraloProvisioner(LocalProvisioner):  # type: ignore[misc]
         return kwargs
 
     def _write_policy(self, policy: KernelPolicy) -> str:
-        runtime = os.path.dirname(self.connection_info.get("connection_file", "") or "") or None
+        # Beside the connection file, in the runtime dir: private to the user, cleaned with the kernel.
+        runtime = os.path.dirname(str(getattr(self.parent, "connection_file", "") or "")) or None
         if runtime and not os.path.isdir(runtime):
             runtime = None
         fd, path = tempfile.mkstemp(prefix="ivralo-policy-", suffix=".json", dir=runtime)
@@ -129,4 +132,3 @@ class IvraloProvisioner(LocalProvisioner):  # type: ignore[misc]
             with contextlib.suppress(OSError):
                 os.unlink(self.policy_file)
             self.policy_file = None
-

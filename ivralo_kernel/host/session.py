@@ -32,8 +32,7 @@ T = TypeVar("T")
 
 # Evaluated by the kernel after each successful cell (user_expressions): the names, never values.
 _NAMES_EXPR = (
-    "sorted(k for k in get_ipython().user_ns if not k.startswith('_') "
-    "and k not in get_ipython().user_ns_hidden)"
+    "sorted(k for k in get_ipython().user_ns if not k.startswith('_') and k not in get_ipython().user_ns_hidden)"
 )
 _POLL_S = 0.05
 

@@ -68,8 +68,10 @@ class IvraloKernel(IPythonKernel):
             "traceback": [f"PermissionError: {CONTROL_EXECUTE_REFUSED}"],
             "execution_count": self.execution_count,
         }
+        assert self.session is not None
         self.session.send(stream, "execute_reply", content, parent, ident)
 
     async def _refuse_subshell(self, stream: Any, ident: Any, parent: dict[str, Any]) -> None:
         content = {"status": "error", "ename": "RuntimeError", "evalue": SUBSHELLS_REFUSED, "traceback": []}
+        assert self.session is not None
         self.session.send(stream, "create_subshell_reply", content, parent, ident)

@@ -95,7 +95,7 @@ def main() -> None:
         _add_workspace_to_path()  # step 1, second half
         STATE.bootstrap_ms = round((time.time() - STATE.started_at) * 1000, 1)
         reporter.reached_stage(names.STAGE_KERNEL_BUILT)
-    except BaseException as exc:
+    except BaseException as exc:  # noqa: BLE001 - whatever stops the start is written to the log first
         path = write_failure(workspace, reporter.reached, exc)
         print(f"ivralo kernel failed to start: {exc}\n(details in {path})", file=sys.stderr)
         raise SystemExit(1) from None

@@ -4,6 +4,7 @@ Pure data and stdlib only, so the supervisor, the kernel and the host can all im
 """
 
 from ivralo_kernel.protocol import names
+from ivralo_kernel.protocol.credentials import database_env_names, is_secret_name, scrub
 from ivralo_kernel.protocol.errors import (
     ConfigError,
     IvraloError,
@@ -11,7 +12,6 @@ from ivralo_kernel.protocol.errors import (
     WorkerBootstrapError,
 )
 from ivralo_kernel.protocol.policy import KernelPolicy, default_memory_limit
-from ivralo_kernel.protocol.credentials import database_env_names, is_secret_name, scrub
 
 __all__ = [
     "ConfigError",

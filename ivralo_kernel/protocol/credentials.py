@@ -80,8 +80,8 @@ def database_env_names(workspace: str | os.PathLike[str], env: Mapping[str, str]
         for db_name, entry in data.items():
             if isinstance(entry, str):
                 found.add(entry)
-            elif isinstance(entry, dict) and isinstance(entry.get("url_env", entry.get("env")), str):
-                found.add(entry.get("url_env", entry.get("env")))
+            elif isinstance(entry, dict) and isinstance(var := entry.get("url_env", entry.get("env")), str):
+                found.add(var)
             else:
                 problems.append(f'{path}: database "{db_name}": give the variable holding its URL as "url_env"')
     return found, problems

@@ -45,7 +45,7 @@ def _reexec_without_secrets(workspace: str) -> None:
     clean, removed = scrub(os.environ, db_names)
     if removed:
         # Same pid, same parent: only the exec-time environment block changes.
-        os.execve(sys.executable, list(sys.orig_argv), clean)
+        os.execve(sys.executable, list(sys.orig_argv), clean)  # noqa: S606 - re-exec of ourselves
 
 
 def _kernel_env(workspace: str, stage_fd: int) -> dict[str, str]:
@@ -80,7 +80,7 @@ def _start_kernel(argv: list[str], env: dict[str, str], stderr_fd: int) -> int:
         linux.set_parent_death_signal(signal.SIGKILL)
         if os.getppid() != supervisor:
             os._exit(1)
-        os.execve(cmd[0], cmd, env)
+        os.execve(cmd[0], cmd, env)  # noqa: S606 - argv is ours, no shell involved
     except BaseException as exc:  # noqa: BLE001 - nothing may return into the parent's code
         os.write(2, f"ivralo supervisor: cannot start the kernel: {exc}\n".encode())
     os._exit(127)

@@ -49,7 +49,7 @@ def descendants(root: int) -> set[int]:
 
 def reap_children() -> list[tuple[int, int]]:
     """Collect every exited child without blocking; returns (pid, wait status) pairs."""
-    reaped = []
+    reaped: list[tuple[int, int]] = []
     while True:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)

@@ -1,0 +1,53 @@
+# Two commands do all set-up on a fresh machine: `make demo` and `make test`.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+
+.PHONY: demo test lab lint bench install clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+
+# Stamp files: re-install only when the dependency list changes.
+$(VENV)/.installed: pyproject.toml | $(PY)
+	$(PIP) install --quiet -e .
+	$(VENV)/bin/ivralo-kernel install --sys-prefix
+	touch $@
+
+$(VENV)/.installed-test: pyproject.toml | $(PY)
+	$(PIP) install --quiet -e '.[test]'
+	$(VENV)/bin/ivralo-kernel install --sys-prefix
+	touch $@ $(VENV)/.installed
+
+$(VENV)/.installed-lab: pyproject.toml | $(PY)
+	$(PIP) install --quiet -e '.[lab]'
+	$(VENV)/bin/ivralo-kernel install --sys-prefix
+	touch $@ $(VENV)/.installed
+
+install: $(VENV)/.installed
+
+# The main job: a guarded session runs the tour notebook headless and shows what each guard did.
+# DEMO_API_KEY is set in the host, to show that the kernel never sees it.
+demo: $(VENV)/.installed
+	rm -rf .demo-workspace && mkdir .demo-workspace
+	DEMO_API_KEY=sk-demo-not-for-the-kernel $(VENV)/bin/ivralo-kernel run notebooks/tour.ipynb \
+		--workspace .demo-workspace --memory-limit 1073741824
+
+test: $(VENV)/.installed-test lint
+	$(PY) -m pytest
+
+lint: $(VENV)/.installed-test
+	$(VENV)/bin/ruff check ivralo_kernel tests bench
+	$(VENV)/bin/ruff format --check ivralo_kernel
+	$(VENV)/bin/mypy
+
+lab: $(VENV)/.installed-lab
+	$(VENV)/bin/jupyter lab --notebook-dir=notebooks
+
+bench: $(VENV)/.installed-test
+	$(PY) bench/startup_latency.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache bench/results

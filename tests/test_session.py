@@ -1,0 +1,67 @@
+"""The agent API in its first form: lazy start, persistent variables, the str-or-dict contract,
+one call at a time."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import psutil
+from conftest import gone, wait_until
+
+from ivralo_kernel.host import Session, SyncSession, WorkerConfig
+
+
+async def test_lazy_start_and_persistent_variables(workspace: Path) -> None:
+    async with Session(workspace=workspace) as session:
+        assert session.pid is None, "nothing starts before the first call"
+        assert await session.run("x = 1\nprint(x)") == "1\n"
+        assert await session.run("x += 1\nx") == "2\n", "the result's text is returned too"
+        pid = session.pid
+        assert pid is not None and psutil.pid_exists(pid)
+        assert await session.list_vars() == ["x"]
+    wait_until(lambda: gone(pid), 5, "the worker to stop when the session closes")
+
+
+async def test_error_dict_keeps_the_output_before_the_error(workspace: Path) -> None:
+    async with Session(workspace=workspace) as session:
+        result = await session.run("print('before')\nraise ValueError('bad input: 42')")
+        assert isinstance(result, dict)
+        assert result["status"] == "error" and result["result"] == "before\n"
+        assert "ValueError: bad input: 42" in result["error"] and "\x1b[" not in result["error"]
+        assert await session.run("print('next call works')") == "next call works\n"
+
+
+async def test_calls_never_overlap(workspace: Path) -> None:
+    code = "import time\nt0 = time.monotonic(); time.sleep(0.3); print(t0, time.monotonic())"
+    async with Session(workspace=workspace) as session:
+        first, second = await asyncio.gather(session.run(code), session.run(code))
+    spans = sorted(tuple(map(float, str(r).split())) for r in (first, second))
+    assert spans[0][1] <= spans[1][0], f"two calls ran at the same time: {spans}"
+
+
+async def test_crash_reports_lost_names_and_recovers(workspace: Path) -> None:
+    async with Session(workspace=workspace) as session:
+        await session.run("alpha = 1\nbeta = [2]")
+        result = await session.run("import os; os._exit(9)")
+        assert isinstance(result, dict) and result["status"] == "error"
+        assert result["error"] == (
+            "REPL worker terminated (crash: the kernel exited with status 9). ALL variables in this session "
+            "were lost: alpha, beta. You must recreate any state you need before retrying."
+        )
+        assert await session.run("print('alpha' in dir())") == "False\n", "a fresh worker, empty namespace"
+
+
+async def test_deadline_in_first_form_kills_and_reports(workspace: Path) -> None:
+    config = WorkerConfig(deadline_ms=1500, interrupt_grace_ms=500)
+    async with Session(workspace=workspace, config=config) as session:
+        await session.run("kept = 1")
+        result = await session.run("while True: pass")
+        assert isinstance(result, dict)
+        assert "timeout: execution exceeded deadline_ms=1500" in result["error"] and "kept" in result["error"]
+
+
+def test_sync_session_for_scripts(workspace: Path) -> None:
+    with SyncSession(workspace=workspace) as session:
+        assert session.run("y = 'sync'") == ""
+        assert session.run("print(y)") == "sync\n"
