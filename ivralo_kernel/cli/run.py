@@ -56,7 +56,7 @@ async def _run_notebook(path: Path, workspace: str, memory_limit: int | None, ti
         async with client.async_setup_kernel(cleanup_kc=False):
             for index, cell in enumerate(nb.cells):
                 await client.async_execute_cell(cell, index, execution_count=client.code_cells_executed + 1)
-            tree = tree_of(km.provisioner.pid) if km.provisioner else []
+            tree = tree_of(getattr(km.provisioner, "pid", 0)) if km.provisioner else []
     finally:  # nbclient leaves a manager it was handed running: stop it, and the whole tree with it
         if client.kc is not None:
             client.kc.stop_channels()

@@ -20,8 +20,10 @@ from typing import Any
 
 import psutil
 from jupyter_client.provisioning.local_provisioner import LocalProvisioner
-from traitlets import Int, Unicode, validate
+from traitlets import Bool, Int, Unicode, validate
 
+from ivralo_kernel.host.escalation import DeadlinePolicy
+from ivralo_kernel.host.watchdog import Watchdog, WatchdogSettings
 from ivralo_kernel.protocol import KernelPolicy, database_env_names, names, scrub
 
 # How long the supervisor gets to end the tree after being asked, before we SIGKILL what we see.
@@ -44,8 +46,22 @@ class IvraloProvisioner(LocalProvisioner):  # type: ignore[misc]
         "cell. 0: half of the machine's memory.",
     )
     rlimit_nofile = Int(0, config=True, help="RLIMIT_NOFILE of the kernel. 0: leave the inherited limit.")
+    deadline_ms = Int(
+        0,
+        config=True,
+        help="Per-execution deadline in ms, for every client (a browser tab as well as an agent). At "
+        "the deadline the cell is interrupted (if interrupt_before_kill); if it has not ended after "
+        "interrupt_grace_ms, the kernel's whole process tree is killed. 0: no deadline.",
+    )
+    interrupt_before_kill = Bool(True, config=True, help="Interrupt first, so the namespace can survive.")
+    interrupt_grace_ms = Int(2_000, config=True, help="How long an interrupted cell gets to end, in ms.")
+    memory_soft_limit_bytes = Int(0, config=True, help="Tree RSS that earns a warning, in bytes. 0: none.")
+    memory_hard_limit_bytes = Int(0, config=True, help="Tree RSS at which the tree is killed, in bytes. 0: none.")
+    observer_poll_ms = Int(500, config=True, help="How often the process tree is sampled, in ms.")
+    stall_window_ms = Int(5_000, config=True, help="CPU flat this long while busy: the verdict is 'stalled'.")
 
     policy_file: str | None = None
+    watchdog: Watchdog | None = None
 
     @validate("role")
     def _valid_role(self, proposal: Any) -> str:
@@ -58,6 +74,21 @@ class IvraloProvisioner(LocalProvisioner):  # type: ignore[misc]
             role=self.role,
             memory_limit_bytes=self.memory_limit_bytes or None,
             rlimit_nofile=self.rlimit_nofile or None,
+            deadline_ms=self.deadline_ms or None,
+            interrupt_grace_ms=self.interrupt_grace_ms,
+            host_enforces_deadline=True,  # the watchdog below; the kernel's own stays off
+        )
+
+    def watchdog_settings(self) -> WatchdogSettings:
+        deadline = None
+        if self.deadline_ms:
+            deadline = DeadlinePolicy(self.deadline_ms, self.interrupt_before_kill, self.interrupt_grace_ms)
+        return WatchdogSettings(
+            deadline=deadline,
+            memory_soft_limit_bytes=self.memory_soft_limit_bytes or None,
+            memory_hard_limit_bytes=self.memory_hard_limit_bytes or None,
+            observer_poll_ms=self.observer_poll_ms,
+            stall_window_ms=self.stall_window_ms,
         )
 
     async def pre_launch(self, **kwargs: Any) -> dict[str, Any]:
@@ -89,21 +120,38 @@ class IvraloProvisioner(LocalProvisioner):  # type: ignore[misc]
         os.chmod(path, stat.S_IRUSR)  # the kernel reads it; nothing should rewrite it
         return path
 
-    async def kill(self, restart: bool = False) -> None:
-        """End the kernel's whole tree: ask the supervisor, then SIGKILL whatever is left."""
-        if not self.process or self.process.poll() is not None:
+    async def post_launch(self, **kwargs: Any) -> None:
+        await super().post_launch(**kwargs)
+        if self.process is not None:
+            self.watchdog = Watchdog(
+                dict(self.connection_info), self.process.pid, self.watchdog_settings(), self.kill_tree_now, self.log
+            )
+            self.watchdog.start()
+
+    def kill_tree_now(self) -> None:
+        """End the kernel's whole tree, from any thread: ask the supervisor, then SIGKILL what is left.
+
+        jupyter_client's own kill SIGKILLs the process group, which kills the supervisor before it
+        can clean up and leaves ``setsid`` children behind.
+        """
+        process = self.process
+        if process is None or process.poll() is not None:
             return
         tree = self._tree_snapshot()
         with contextlib.suppress(ProcessLookupError):
-            os.kill(self.process.pid, SIGNAL_KILL_NOW)
+            os.kill(process.pid, SIGNAL_KILL_NOW)
         deadline = time.monotonic() + SUPERVISOR_KILL_BUDGET_S
-        while self.process.poll() is None and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
+        while process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.002)
         for proc in [*self._tree_snapshot(), *tree]:
             with contextlib.suppress(psutil.Error):
                 proc.kill()
-        if self.process.poll() is None:
-            await super().kill(restart)
+        if process.poll() is None:
+            with contextlib.suppress(OSError):
+                process.kill()
+
+    async def kill(self, restart: bool = False) -> None:
+        await asyncio.get_running_loop().run_in_executor(None, self.kill_tree_now)
 
     async def terminate(self, restart: bool = False) -> None:
         """Graceful stop: SIGTERM to the supervisor, which forwards it and then ends the tree."""
@@ -127,6 +175,8 @@ class IvraloProvisioner(LocalProvisioner):  # type: ignore[misc]
             return []
 
     async def cleanup(self, restart: bool = False) -> None:
+        if self.watchdog is not None:
+            self.watchdog.stop()
         await super().cleanup(restart)
         if self.policy_file:
             with contextlib.suppress(OSError):

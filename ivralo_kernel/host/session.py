@@ -23,8 +23,10 @@ from typing import Any, TypeVar
 from jupyter_client.asynchronous.client import AsyncKernelClient
 
 from ivralo_kernel.host.config import WorkerConfig
+from ivralo_kernel.host.escalation import Phase
 from ivralo_kernel.host.manager import IvraloKernelManager
 from ivralo_kernel.host.outputs import CellOutput, error_result, lost_names_message
+from ivralo_kernel.host.watchdog import Watchdog
 from ivralo_kernel.protocol import KernelPolicy, WorkerBootstrapError, names
 
 RunResult = str | dict[str, str]
@@ -34,7 +36,11 @@ T = TypeVar("T")
 _NAMES_EXPR = (
     "sorted(k for k in get_ipython().user_ns if not k.startswith('_') and k not in get_ipython().user_ns_hidden)"
 )
-_POLL_S = 0.05
+_POLL_S = 0.02
+# If the provisioner's watchdog has not answered by deadline + grace + this, the session ends the
+# worker itself (the watchdog's own bound is deadline + grace + 250 ms).
+_FALLBACK_SLACK_S = 1.0
+USER_INTERRUPT_CAUSE = "interrupted: stopped at once by the user"
 
 
 class Session:
@@ -65,6 +71,7 @@ class Session:
         self._km: IvraloKernelManager | None = None
         self._kc: AsyncKernelClient | None = None
         self._known_names: list[str] = []
+        self._user_interrupt = False
         self.kernel_info: dict[str, Any] = {}
 
     async def __aenter__(self) -> Session:
@@ -100,12 +107,7 @@ class Session:
         if self._kc is not None and self._km is not None and await self._km.is_alive():
             return self._kc
         await self._stop_kernel()
-        settings: dict[str, Any] = {"workspace": self.workspace, "role": self.role}
-        if self.config.memory_limit_bytes:
-            settings["memory_limit_bytes"] = self.config.memory_limit_bytes
-        if self.config.rlimit_nofile:
-            settings["rlimit_nofile"] = self.config.rlimit_nofile
-        km = IvraloKernelManager.for_settings(python=self.python, **settings)
+        km = IvraloKernelManager.for_settings(python=self.python, **self._provisioner_settings())
         self._km = km
         await km.start_kernel(cwd=self.workspace)
         kc = km.client()
@@ -127,20 +129,45 @@ class Session:
         self._known_names = []
         return kc
 
+    def _provisioner_settings(self) -> dict[str, Any]:
+        c = self.config
+        settings: dict[str, Any] = {
+            "workspace": self.workspace,
+            "role": self.role,
+            "deadline_ms": c.deadline_ms,
+            "interrupt_before_kill": c.interrupt_before_kill,
+            "interrupt_grace_ms": c.interrupt_grace_ms,
+            "observer_poll_ms": c.observer_poll_ms,
+            "stall_window_ms": c.stall_window_ms,
+        }
+        optional = {
+            "memory_limit_bytes": c.memory_limit_bytes,
+            "rlimit_nofile": c.rlimit_nofile,
+            "memory_soft_limit_bytes": c.memory_soft_limit_bytes,
+            "memory_hard_limit_bytes": c.memory_hard_limit_bytes,
+        }
+        settings.update({k: v for k, v in optional.items() if v})
+        return settings
+
+    @property
+    def watchdog(self) -> Watchdog | None:
+        return getattr(self._km.provisioner, "watchdog", None) if self._km else None
+
     async def _execute(self, kc: AsyncKernelClient, code: str) -> RunResult:
         msg_id = kc.execute(code, allow_stdin=False, stop_on_error=True, user_expressions={"names": _NAMES_EXPR})
         out = CellOutput()
-        deadline = time.monotonic() + self.config.deadline_ms / 1000
+        c = self.config
+        fallback = time.monotonic() + (c.deadline_ms + c.interrupt_grace_ms) / 1000 + _FALLBACK_SLACK_S
         idle = False
         while not idle:
-            if time.monotonic() >= deadline:
-                return await self._lose_worker(f"timeout: execution exceeded deadline_ms={self.config.deadline_ms}")
+            if time.monotonic() >= fallback:
+                return await self._lose_worker(f"timeout: execution exceeded deadline_ms={c.deadline_ms}")
             try:
                 msg = await kc.get_iopub_msg(timeout=_POLL_S)
             except queue.Empty:
                 assert self._km is not None
                 if not await self._km.is_alive():
-                    return await self._lose_worker(f"crash: {self._exit_description()}")
+                    return await self._lose_worker(self._death_cause())
                 continue
             if msg["parent_header"].get("msg_id") != msg_id:
                 continue
@@ -152,10 +179,32 @@ class Session:
         content = reply["content"] if reply else {}
         if content.get("status") == "ok":
             self._known_names = _names_from(content.get("user_expressions", {}).get("names"))
+        notice = self.watchdog.take_soft_notice() if self.watchdog else None
+        result = self._result(msg_id, out, content)
+        if notice:
+            if isinstance(result, str):
+                return f"{result}{notice}\n"
+            result["result"] += f"{notice}\n"
+        return result
+
+    def _result(self, msg_id: str, out: CellOutput, content: dict[str, Any]) -> RunResult:
+        phase = self.watchdog.phase_of(msg_id) if self.watchdog else None
+        if phase in (Phase.INTERRUPTING, Phase.CONFIRMING, Phase.INTERRUPTED):
+            return error_result(out.text, names.INTERRUPTED_TEXT.format(deadline_ms=self.config.deadline_ms))
         if out.error is not None or content.get("status") == "error":
             error = out.error or f"{content.get('ename')}: {content.get('evalue')}"
             return error_result(out.text, error)
         return out.text
+
+    def _death_cause(self) -> str:
+        """Why the worker is gone: the user's Esc, the watchdog's kill, or a crash."""
+        if self._user_interrupt:
+            return USER_INTERRUPT_CAUSE
+        watchdog = self.watchdog
+        if watchdog is not None and watchdog.loss is not None:
+            return f"{watchdog.loss.cause}; {watchdog.loss.observer}"
+        observer = f"; {watchdog.observer.describe()}" if watchdog else ""
+        return f"crash: {self._exit_description()}{observer}"
 
     async def _shell_reply(self, kc: AsyncKernelClient, msg_id: str) -> dict[str, Any] | None:
         deadline = time.monotonic() + self.config.namespace_timeout_ms / 1000
@@ -180,6 +229,8 @@ class Session:
 
     async def _lose_worker(self, cause: str) -> dict[str, str]:
         lost = list(self._known_names)
+        self._known_names = []
+        self._user_interrupt = False
         await self._stop_kernel()
         message = lost_names_message(cause, lost)
         return error_result(message, message)
@@ -199,6 +250,24 @@ class Session:
             except Exception:  # noqa: BLE001 - teardown must finish; the tree is killed below anyway
                 if km.provisioner is not None:
                     await km.provisioner.kill()
+
+    async def interrupt(self) -> dict[str, str] | None:
+        """The Esc key: end the worker and its whole tree now (no grace). The next call gets a fresh
+        worker. Returns the loss message listing the variables that were lost (None if no worker ran).
+
+        A call in flight returns the same message. (JupyterLab's interrupt button stays a plain SIGINT.)
+        """
+        km = self._km
+        if km is None or km.provisioner is None:
+            return None
+        self._user_interrupt = True
+        lost = list(self._known_names)
+        await km.provisioner.kill()
+        message = lost_names_message(USER_INTERRUPT_CAUSE, lost)
+        if not self._lock.locked():  # nothing in flight will clean up after us
+            async with self._lock:
+                await self._lose_worker(USER_INTERRUPT_CAUSE)
+        return error_result(message, message)
 
     async def close(self) -> None:
         """Stop the worker and its whole process tree."""

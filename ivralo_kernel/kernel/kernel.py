@@ -6,6 +6,9 @@
 * ``kernel_info_reply`` carries an ``ivralo`` section: version, pid, bootstrap time, workspace,
   role, and which protection layers are in force. Hosts treat a worker as ready only once it is
   there.
+* The host's watchdog talks to the kernel over control (served while a cell runs): a deadline
+  notice before it interrupts, and "which execution is running?" before it kills. Their IOPub
+  busy/idle is not published, so a frontend never shows the kernel idle in the middle of a cell.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from typing import Any
 from ipykernel.ipkernel import IPythonKernel
 
 from ivralo_kernel import __version__
+from ivralo_kernel.kernel.deadline import DeadlineNotices, InKernelWatchdog
 from ivralo_kernel.kernel.launch_state import STATE
 from ivralo_kernel.protocol import names
 
@@ -32,13 +36,25 @@ SUBSHELLS_REFUSED = (
 class IvraloKernel(IPythonKernel):
     implementation = names.IMPLEMENTATION
     implementation_version = __version__
+    control_msg_types = [*IPythonKernel.control_msg_types, *names.CONTROL_MSG_TYPES]  # noqa: RUF012 - ipykernel API
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         # Same message type, different channel: only the control route changes.
         self.control_handlers["execute_request"] = self._refuse_control_execute
         self.control_handlers["create_subshell_request"] = self._refuse_subshell
+        self.deadline_notices = DeadlineNotices()
+        self._executing: str | None = None
+        assert self.shell is not None
+        self.shell.set_custom_exc((KeyboardInterrupt,), _show_interrupt)
+        policy = STATE.policy
+        self._watchdog: InKernelWatchdog | None = None
+        if policy and policy.deadline_ms and not policy.host_enforces_deadline and STATE.pipe is not None:
+            self._watchdog = InKernelWatchdog(
+                policy.deadline_ms, policy.interrupt_grace_ms, STATE.pipe, self.deadline_notices
+            )
 
+    # -- what the kernel says about itself -------------------------------------------------
     @property
     def banner(self) -> str:  # type: ignore[override]
         lines = [super().banner.rstrip("\n"), f"ivralo-kernel {__version__}: guarded session in {STATE.workspace}"]
@@ -60,6 +76,45 @@ class IvraloKernel(IPythonKernel):
         }
         return info
 
+    # -- execution -------------------------------------------------------------------------
+    async def do_execute(  # type: ignore[override]
+        self,
+        code: str,
+        silent: bool,
+        store_history: bool = True,
+        user_expressions: dict[str, Any] | None = None,
+        allow_stdin: bool = False,
+        *,
+        cell_meta: dict[str, Any] | None = None,
+        cell_id: str | None = None,
+    ) -> dict[str, Any]:
+        msg_id = self.get_parent("shell").get("header", {}).get("msg_id")
+        self._executing = msg_id
+        if self._watchdog is not None and msg_id:
+            self._watchdog.started(msg_id)
+        try:
+            reply: dict[str, Any] = await super().do_execute(
+                code, silent, store_history, user_expressions, allow_stdin, cell_meta=cell_meta, cell_id=cell_id
+            )
+            return reply
+        finally:
+            if self._watchdog is not None:
+                self._watchdog.finished()
+            self._executing = None
+            self.deadline_notices.discard(msg_id)
+
+    # -- control-channel handlers (Control thread) -----------------------------------------
+    async def ivralo_deadline_notice(self, stream: Any, ident: Any, parent: dict[str, Any]) -> None:
+        content = parent.get("content", {})
+        msg_id, deadline_ms = content.get("msg_id"), content.get("deadline_ms")
+        ok = isinstance(msg_id, str) and isinstance(deadline_ms, int)
+        if ok:
+            self.deadline_notices.add(msg_id, deadline_ms)
+        self._reply(stream, ident, parent, "ivralo_deadline_notice_reply", {"status": "ok" if ok else "error"})
+
+    async def ivralo_status_request(self, stream: Any, ident: Any, parent: dict[str, Any]) -> None:
+        self._reply(stream, ident, parent, "ivralo_status_reply", {"status": "ok", "executing": self._executing})
+
     async def _refuse_control_execute(self, stream: Any, ident: Any, parent: dict[str, Any]) -> None:
         content = {
             "status": "error",
@@ -68,10 +123,32 @@ class IvraloKernel(IPythonKernel):
             "traceback": [f"PermissionError: {CONTROL_EXECUTE_REFUSED}"],
             "execution_count": self.execution_count,
         }
-        assert self.session is not None
-        self.session.send(stream, "execute_reply", content, parent, ident)
+        self._reply(stream, ident, parent, "execute_reply", content)
 
     async def _refuse_subshell(self, stream: Any, ident: Any, parent: dict[str, Any]) -> None:
         content = {"status": "error", "ename": "RuntimeError", "evalue": SUBSHELLS_REFUSED, "traceback": []}
+        self._reply(stream, ident, parent, "create_subshell_reply", content)
+
+    def _reply(self, stream: Any, ident: Any, parent: dict[str, Any], msg_type: str, content: dict[str, Any]) -> None:
         assert self.session is not None
-        self.session.send(stream, "create_subshell_reply", content, parent, ident)
+        self.session.send(stream, msg_type, content, parent, ident)
+
+    def _publish_status(self, status: str, channel: str, parent: dict[str, Any] | None = None) -> None:
+        if channel == "control":
+            msg_type = (parent or self.get_parent(channel)).get("header", {}).get("msg_type", "")
+            if msg_type.startswith("ivralo_"):
+                return  # the host's own questions must not flip a frontend's busy indicator
+        super()._publish_status(status, channel, parent)
+
+
+def _show_interrupt(shell: Any, etype: type, value: BaseException, tb: Any, tb_offset: int | None = None) -> list[str]:
+    """IPython's custom-exception hook for KeyboardInterrupt: the deadline message, or the usual."""
+    kernel = shell.kernel
+    msg_id = kernel._executing if isinstance(kernel, IvraloKernel) else None
+    deadline_ms = kernel.deadline_notices.get(msg_id) if isinstance(kernel, IvraloKernel) else None
+    if deadline_ms is None:
+        stb: list[str] = shell.InteractiveTB.structured_traceback(etype, value, tb, tb_offset=tb_offset)
+    else:
+        stb = [DeadlineNotices.text(deadline_ms)]
+    shell._showtraceback(etype, value, stb)
+    return stb

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ivralo_kernel.kernel.stages import SupervisorPipe
+    from ivralo_kernel.protocol import KernelPolicy
 
 
 @dataclass
@@ -15,6 +19,8 @@ class LaunchState:
     layers: dict[str, Any] = field(default_factory=dict)
     scrubbed: list[str] = field(default_factory=list)  # names only, never values
     notes: list[str] = field(default_factory=list)  # things the person should know (banner)
+    policy: KernelPolicy | None = None
+    pipe: SupervisorPipe | None = None
 
 
 STATE = LaunchState()

@@ -23,7 +23,7 @@ from typing import Any
 
 from ivralo_kernel.guards import apply_limits, scrub_environ
 from ivralo_kernel.kernel.launch_state import STATE
-from ivralo_kernel.kernel.stages import StageReporter, write_failure
+from ivralo_kernel.kernel.stages import SupervisorPipe, write_failure
 from ivralo_kernel.protocol import KernelPolicy, default_memory_limit, names
 
 
@@ -59,7 +59,7 @@ def _build_app() -> Any:
 
 
 def main() -> None:
-    reporter = StageReporter(os.environ)
+    reporter = SupervisorPipe(os.environ)
     STATE.started_at = float(os.environ.pop(names.ENV_LAUNCHED_AT, "") or time.time())
     sys.dont_write_bytecode = True  # step 2
     os.environ["PYTHONDONTWRITEBYTECODE"] = "1"
@@ -76,7 +76,7 @@ def main() -> None:
         removed, problems = scrub_environ(workspace)  # step 5
         if _load_dotenv(workspace):
             removed += scrub_environ(workspace)[0]
-        STATE.workspace, STATE.role = workspace, policy.role
+        STATE.workspace, STATE.role, STATE.policy, STATE.pipe = workspace, policy.role, policy, reporter
         STATE.scrubbed = sorted(set(removed))
         STATE.notes += problems
         STATE.layers = {
@@ -96,8 +96,10 @@ def main() -> None:
         STATE.bootstrap_ms = round((time.time() - STATE.started_at) * 1000, 1)
         reporter.reached_stage(names.STAGE_KERNEL_BUILT)
     except BaseException as exc:  # noqa: BLE001 - whatever stops the start is written to the log first
-        path = write_failure(workspace, reporter.reached, exc)
-        print(f"ivralo kernel failed to start: {exc}\n(details in {path})", file=sys.stderr)
+        try:
+            where = f"details in {write_failure(workspace, reporter.reached, exc)}"
+        except OSError as log_error:
+            where = f"the log could not be written: {log_error}"
+        print(f"ivralo kernel failed to start: {exc!r} ({where})", file=sys.stderr)
         raise SystemExit(1) from None
-    reporter.close()
     app.start()

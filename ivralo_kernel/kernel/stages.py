@@ -1,36 +1,55 @@
-"""[kernel] Report start-up stages to the supervisor, and the reason for a failed start to the log."""
+"""[kernel] The kernel's side of the supervisor pipe, and the log of a failed start.
+
+One line per message (``protocol.names.PIPE_*``): start-up stages as they are reached, and the
+deadline backstop. The pipe stays open for the kernel's life; with no supervisor (a bare
+``python -m ivralo_kernel.kernel``) every write is a no-op.
+"""
 
 from __future__ import annotations
 
 import os
 import time
 import traceback
+from collections.abc import MutableMapping
 from pathlib import Path
 
 from ivralo_kernel.protocol import names
 
 
-class StageReporter:
-    """Writes each stage name to the supervisor's pipe (when there is one) as it is reached."""
-
-    def __init__(self, env: dict[str, str] | os._Environ[str]) -> None:
+class SupervisorPipe:
+    def __init__(self, env: MutableMapping[str, str]) -> None:
         raw = env.pop(names.ENV_STAGE_FD, "")
         self._fd: int | None = int(raw) if raw.isdigit() else None
+        if self._fd is not None:
+            os.set_inheritable(self._fd, False)  # user code's children must not hold it open
         self.reached: list[str] = []
 
-    def reached_stage(self, stage: str) -> None:
-        self.reached.append(stage)
+    @property
+    def connected(self) -> bool:
+        return self._fd is not None
+
+    def _send(self, line: str) -> None:
         if self._fd is None:
             return
         try:
-            os.write(self._fd, stage.encode() + b"\n")
-        except OSError:
+            os.write(self._fd, line.encode() + b"\n")
+        except OSError:  # the supervisor is gone; the parent-death signal takes care of us
             self._fd = None
 
-    def close(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+    def reached_stage(self, stage: str) -> None:
+        self.reached.append(stage)
+        self._send(names.PIPE_STAGE + stage)
+
+    def kill_at(self, monotonic_deadline: float | None) -> None:
+        """Ask the supervisor to end the tree at this CLOCK_MONOTONIC time (None: cancel).
+
+        It is registered up front because when the time comes the kernel may be unable to ask:
+        native code holding the GIL starves every Python thread, and only another process can act.
+        """
+        self._send(names.PIPE_KILL_AT + ("off" if monotonic_deadline is None else repr(monotonic_deadline)))
+
+    def kill_now(self) -> None:
+        self._send(names.PIPE_KILL_NOW)
 
 
 def write_failure(workspace: str, reached: list[str], error: BaseException) -> Path:

@@ -19,6 +19,8 @@ ENV_CONFIG_HOME: Final = "IVRALO_CONFIG_HOME"
 ENV_MEMORY_LIMIT: Final = "IVRALO_MEMORY_LIMIT_BYTES"
 ENV_RLIMIT_NOFILE: Final = "IVRALO_RLIMIT_NOFILE"
 ENV_ROLE: Final = "IVRALO_ROLE"
+ENV_DEADLINE_MS: Final = "IVRALO_DEADLINE_MS"
+ENV_INTERRUPT_GRACE_MS: Final = "IVRALO_INTERRUPT_GRACE_MS"
 # Set by the supervisor only: the pipe the kernel reports its start-up stages on, and the
 # supervisor's pid (the kernel's parent poller follows it through JPY_PARENT_PID too).
 ENV_STAGE_FD: Final = "IVRALO_STAGE_FD"
@@ -49,3 +51,18 @@ ROLES: Final = (ROLE_SPECIALIST, ROLE_READONLY)
 
 # The section of kernel_info_reply that says this is an ivralo kernel and what is in force.
 KERNEL_INFO_SECTION: Final = "ivralo"
+
+# Custom control-channel message types (host -> kernel). Control is served while a cell runs.
+MSG_DEADLINE_NOTICE: Final = "ivralo_deadline_notice"  # "the next interrupt is a deadline"
+MSG_STATUS_REQUEST: Final = "ivralo_status_request"  # "which execution is running?"
+CONTROL_MSG_TYPES: Final = (MSG_DEADLINE_NOTICE, MSG_STATUS_REQUEST)
+
+# Lines the kernel writes to the supervisor's pipe (ENV_STAGE_FD), one per line.
+PIPE_STAGE: Final = "stage:"  # + stage name
+PIPE_KILL_AT: Final = "kill-at:"  # + CLOCK_MONOTONIC seconds, or "off": the supervisor's backstop
+PIPE_KILL_NOW: Final = "kill-now"  # the kernel asks for its whole tree to be ended
+
+# Texts a caller sees (agent result, or the cell in a notebook).
+INTERRUPTED_TEXT: Final = (
+    "interrupted: exceeded deadline_ms={deadline_ms}; namespace preserved (partial side effects possible)"
+)

@@ -37,11 +37,16 @@ class KernelPolicy:
     role: str = names.ROLE_SPECIALIST
     memory_limit_bytes: int | None = None
     rlimit_nofile: int | None = None
+    # Per-execution deadline. When the host's watchdog enforces it, the kernel's own stays off;
+    # a kernel started without our host (VS Code) enforces it itself.
+    deadline_ms: int | None = None
+    interrupt_grace_ms: int = 2_000
+    host_enforces_deadline: bool = False
 
     def __post_init__(self) -> None:
         if self.role not in names.ROLES:
             raise ConfigError("role", f"{self.role!r} is not a role", f"Use one of: {', '.join(names.ROLES)}")
-        for field in ("memory_limit_bytes", "rlimit_nofile"):
+        for field in ("memory_limit_bytes", "rlimit_nofile", "deadline_ms", "interrupt_grace_ms"):
             value = getattr(self, field)
             if value is not None and (not isinstance(value, int) or value <= 0):
                 raise ConfigError(field, f"{value!r} is not a positive whole number", "Give a count, or leave it unset")
@@ -67,7 +72,12 @@ class KernelPolicy:
         fields: dict[str, Any] = {"workspace": env.get(names.ENV_WORKSPACE) or cwd}
         if env.get(names.ENV_ROLE):
             fields["role"] = env[names.ENV_ROLE]
-        for var, field in ((names.ENV_MEMORY_LIMIT, "memory_limit_bytes"), (names.ENV_RLIMIT_NOFILE, "rlimit_nofile")):
+        for var, field in (
+            (names.ENV_MEMORY_LIMIT, "memory_limit_bytes"),
+            (names.ENV_RLIMIT_NOFILE, "rlimit_nofile"),
+            (names.ENV_DEADLINE_MS, "deadline_ms"),
+            (names.ENV_INTERRUPT_GRACE_MS, "interrupt_grace_ms"),
+        ):
             raw = env.get(var)
             if raw:
                 try:

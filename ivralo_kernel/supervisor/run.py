@@ -178,11 +178,13 @@ def main(argv: list[str] | None = None) -> int:
     pending = b""
     kernel_status: int | None = None
     term_deadline: float | None = None
+    kill_at: float | None = None  # the kernel's deadline backstop (CLOCK_MONOTONIC is system-wide)
     stage_open = True
     while kernel_status is None:  # step 6
         timeout = PARENT_POLL_S
-        if term_deadline is not None:
-            timeout = max(0.0, min(timeout, term_deadline - time.monotonic()))
+        for wake in (term_deadline, kill_at):
+            if wake is not None:
+                timeout = max(0.0, min(timeout, wake - time.monotonic()))
         watch = [wake_r] + ([stage_r] if stage_open else []) + ([relay.read_fd] if relay.open else [])
         ready, _, _ = select.select(watch, [], [], timeout)
         if relay.open and relay.read_fd in ready:
@@ -193,7 +195,15 @@ def main(argv: list[str] | None = None) -> int:
                 stage_open = False
                 os.close(stage_r)
             *lines, pending = (pending + chunk).split(b"\n")
-            stages += [line.decode(errors="replace") for line in lines if line]
+            for line in lines:
+                text = line.decode(errors="replace")
+                if text.startswith(names.PIPE_STAGE):
+                    stages.append(text.removeprefix(names.PIPE_STAGE))
+                elif text.startswith(names.PIPE_KILL_AT):
+                    value = text.removeprefix(names.PIPE_KILL_AT)
+                    kill_at = None if value == "off" else float(value)
+                elif text == names.PIPE_KILL_NOW:
+                    kill_at = time.monotonic()
         received = set(os.read(wake_r, 512)) if wake_r in ready else set()
         for pid, status in tree.reap_children():
             if pid == kernel:
@@ -207,6 +217,10 @@ def main(argv: list[str] | None = None) -> int:
             except ProcessLookupError:
                 pass
         if term_deadline is not None and time.monotonic() >= term_deadline:
+            break
+        if kill_at is not None and time.monotonic() >= kill_at:
+            print("ivralo supervisor: the running cell outlived its deadline and grace; ending the kernel's tree",
+                  file=sys.stderr)
             break
 
     for pid, status in tree.kill_tree(os.getpid()):

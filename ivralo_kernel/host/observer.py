@@ -1,0 +1,138 @@
+"""[host] Watch a kernel's whole process tree from outside (psutil) and say what it is doing.
+
+Verdicts: ``booting`` (not ready yet), ``settled`` (idle), ``computing`` (a request is in flight and
+CPU advanced within the stall window), ``stalled`` (in flight, CPU flat for the whole window) and
+``unavailable`` (psutil cannot read the process). CPU and RSS are summed over the tree, so a cell
+that works in a subprocess is ``computing`` too. ``describe()`` is the one line every timeout and
+loss message carries.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import psutil
+
+GIB = 1 << 30
+
+
+def human_bytes(n: int) -> str:
+    for unit, size in (("GiB", GIB), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{n} B"
+
+
+@dataclass(frozen=True)
+class Sample:
+    at: float
+    cpu_s: float  # user + system, summed over the tree
+    rss: int  # bytes, summed over the tree
+    processes: int
+    state: str  # of the kernel process
+    wchan: str
+    threads: int
+
+
+def _wchan(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/wchan", encoding="ascii") as f:
+            return f.read().strip() or "-"
+    except OSError:
+        return "-"
+
+
+def sample_tree(root_pid: int, clock: Callable[[], float] = time.monotonic) -> Sample | None:
+    """One reading of ``root_pid`` and its descendants, or None if the root is gone."""
+    try:
+        root = psutil.Process(root_pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return None
+    cpu, rss = 0.0, 0
+    for proc in procs:
+        try:
+            with proc.oneshot():
+                times = proc.cpu_times()
+                cpu += times.user + times.system
+                rss += proc.memory_info().rss
+        except psutil.Error:
+            continue
+    main = procs[1] if len(procs) > 1 else root  # the kernel is the supervisor's first child
+    try:
+        state, threads = main.status(), main.num_threads()
+    except psutil.Error:
+        state, threads = "gone", 0
+    return Sample(clock(), cpu, rss, len(procs), state, _wchan(main.pid), threads)
+
+
+class Observer:
+    def __init__(
+        self,
+        root_pid: int,
+        stall_window_ms: int = 5_000,
+        clock: Callable[[], float] = time.monotonic,
+        sampler: Callable[[int], Sample | None] | None = None,
+    ) -> None:
+        self.root_pid = root_pid
+        self.stall_window_s = stall_window_ms / 1000
+        self._clock = clock
+        self._sampler = sampler or (lambda pid: sample_tree(pid, clock))
+        self.samples: deque[Sample] = deque(maxlen=256)
+        self.ready = False
+        self.busy = False
+        self.started_at = clock()
+
+    def poll(self) -> Sample | None:
+        sample = self._sampler(self.root_pid)
+        if sample is not None:
+            self.samples.append(sample)
+        return sample
+
+    @property
+    def last(self) -> Sample | None:
+        return self.samples[-1] if self.samples else None
+
+    def _cpu_advanced_within(self, window_s: float) -> bool | None:
+        if len(self.samples) < 2:
+            return None
+        last = self.samples[-1]
+        older = [s for s in self.samples if last.at - s.at >= window_s]
+        reference = older[-1] if older else self.samples[0]
+        return last.cpu_s - reference.cpu_s > 0.01
+
+    def verdict(self) -> str:
+        if not self.samples:
+            return "unavailable"
+        if not self.ready:
+            return "booting"
+        if not self.busy:
+            return "settled"
+        advanced = self._cpu_advanced_within(self.stall_window_s)
+        if advanced is False and self.last and self.last.at - self.samples[0].at >= self.stall_window_s:
+            return "stalled"
+        return "computing"
+
+    def boot_diagnosis(self) -> str:
+        """Starved (it got CPU but not enough) or stalled (it stopped making progress)."""
+        if len(self.samples) < 2:
+            return "no sample of the process was taken"
+        first, last = self.samples[0], self.samples[-1]
+        recent = [s for s in self.samples if last.at - s.at <= 1.0]
+        flat = len(recent) >= 2 and recent[-1].cpu_s - recent[0].cpu_s <= 0.01
+        if flat:
+            return f"cpu flat since last samples, state={last.state} wchan={last.wchan} (stalled)"
+        return f"cpu advanced {last.cpu_s - first.cpu_s:.2f} s in {last.at - first.at:.1f} s (starved)"
+
+    def describe(self) -> str:
+        last = self.last
+        verdict = self.verdict()
+        if last is None:
+            return f"observer: {verdict}"
+        return (
+            f"observer: {verdict}; last sample cpu={last.cpu_s:.2f}s rss={human_bytes(last.rss)} "
+            f"state={last.state} wchan={last.wchan} threads={last.threads} processes={last.processes}"
+        )

@@ -1,0 +1,272 @@
+"""[host] The provisioner's watchdog: per-execution deadlines and memory limits, for every client.
+
+It runs in a **thread**, not an asyncio task: under the blocking ``KernelManager`` (jupyter
+console) the host's event loop only runs inside client calls. It has its own jupyter_client
+``Session`` identity and its own IOPub and control sockets, so it sees executions started by any
+client (a browser tab, an agent) and never steals another client's replies.
+
+Executions are tracked from IOPub ``status`` busy/idle whose parent is an ``execute_request``,
+keyed by the parent ``msg_id``. IOPub can drop messages under an output flood, so before killing,
+the watchdog asks the kernel over control whether the execution is still running.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import zmq
+from jupyter_client.session import Session as JupyterSession
+
+from ivralo_kernel.host.escalation import Action, DeadlinePolicy, Escalation, Phase
+from ivralo_kernel.host.observer import Observer, human_bytes
+from ivralo_kernel.protocol import names
+
+CONTROL_ANSWER_S = 0.1  # how long a deadline notice may take before the SIGINT goes anyway
+KEEP_OUTCOMES = 64
+
+
+@dataclass(frozen=True)
+class Loss:
+    """Why the watchdog ended the kernel's tree."""
+
+    cause: str  # "timeout: ..." or "memory: ..."
+    observer: str  # the observer's one-line description at the moment of the kill
+    msg_id: str | None
+
+
+@dataclass(frozen=True)
+class WatchdogSettings:
+    deadline: DeadlinePolicy | None = None
+    memory_soft_limit_bytes: int | None = None
+    memory_hard_limit_bytes: int | None = None
+    observer_poll_ms: int = 500
+    stall_window_ms: int = 5_000
+
+
+class Watchdog:
+    def __init__(
+        self,
+        connection_info: dict[str, Any],
+        root_pid: int,
+        settings: WatchdogSettings,
+        kill_tree: Callable[[], None],
+        log: logging.Logger | logging.LoggerAdapter[Any] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.settings = settings
+        self.root_pid = root_pid
+        self._info = connection_info
+        self._kill_tree = kill_tree
+        self._log = log or logging.getLogger(__name__)
+        self._clock = clock
+        self.observer = Observer(root_pid, settings.stall_window_ms, clock)
+        self.escalations: OrderedDict[str, Escalation] = OrderedDict()
+        self.loss: Loss | None = None
+        self._soft_episode = False
+        self._soft_notice: str | None = None
+        self._pending_confirm: dict[str, str] = {}  # control msg_id -> execution msg_id
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._session = JupyterSession(
+            key=connection_info["key"].encode() if isinstance(connection_info["key"], str) else connection_info["key"],
+            signature_scheme=connection_info.get("signature_scheme", "hmac-sha256"),
+            username="ivralo-watchdog",
+        )
+        self._thread = threading.Thread(target=self._run, name=f"ivralo-watchdog-{root_pid}", daemon=True)
+
+    # -- public, called from the host's other threads ----------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(timeout=2)
+
+    def phase_of(self, msg_id: str) -> Phase | None:
+        with self._lock:
+            escalation = self.escalations.get(msg_id)
+            return escalation.phase if escalation else None
+
+    def take_soft_notice(self) -> str | None:
+        """The memory soft-limit line, once per episode (the next result carries it)."""
+        with self._lock:
+            notice, self._soft_notice = self._soft_notice, None
+            return notice
+
+    def pause(self, msg_id: str) -> None:
+        with self._lock:
+            if msg_id in self.escalations:
+                self.escalations[msg_id].pause(self._clock())
+
+    def resume(self, msg_id: str) -> None:
+        with self._lock:
+            if msg_id in self.escalations:
+                self.escalations[msg_id].resume(self._clock())
+
+    # -- the thread ------------------------------------------------------------------------
+    def _url(self, channel: str) -> str:
+        transport, ip = self._info.get("transport", "tcp"), self._info.get("ip", "127.0.0.1")
+        port = self._info[f"{channel}_port"]
+        return f"{transport}://{ip}:{port}" if transport == "tcp" else f"{transport}://{ip}-{port}"
+
+    def _run(self) -> None:
+        context = zmq.Context()
+        iopub = context.socket(zmq.SUB)
+        iopub.setsockopt(zmq.SUBSCRIBE, b"")
+        iopub.connect(self._url("iopub"))
+        control = context.socket(zmq.DEALER)
+        control.setsockopt(zmq.IDENTITY, self._session.bsession)
+        control.connect(self._url("control"))
+        poller = zmq.Poller()
+        poller.register(iopub, zmq.POLLIN)
+        poller.register(control, zmq.POLLIN)
+        poll_s = self.settings.observer_poll_ms / 1000
+        next_sample = self._clock()
+        try:
+            while not self._stop.is_set() and self.loss is None:
+                now = self._clock()
+                wake = min([next_sample, now + 0.1, *self._wakeups(now)])
+                events = dict(poller.poll(max(0, int((wake - now) * 1000))))
+                if iopub in events:
+                    self._drain(iopub, self._on_iopub)
+                if control in events:
+                    self._drain(control, self._on_control)
+                now = self._clock()
+                if now >= next_sample:
+                    next_sample = now + poll_s
+                    self._check_memory()
+                self._advance(now, control)
+        except Exception:  # noqa: BLE001 - a watchdog that dies silently is worse than a logged one
+            self._log.exception("ivralo watchdog for pid %s stopped", self.root_pid)
+        finally:
+            iopub.close(linger=0)
+            control.close(linger=0)
+            context.term()
+
+    def _wakeups(self, now: float) -> list[float]:
+        with self._lock:
+            return [w for e in self.escalations.values() if (w := e.next_wakeup(now)) is not None]
+
+    def _drain(self, socket: zmq.Socket[Any], handle: Callable[[dict[str, Any]], None]) -> None:
+        while True:
+            try:
+                _, msg = self._session.recv(socket, mode=zmq.NOBLOCK, content=True)
+            except (ValueError, KeyError):  # unsigned or malformed: not from the kernel we watch
+                continue
+            if msg is None:
+                return
+            handle(msg)
+
+    def _on_iopub(self, msg: dict[str, Any]) -> None:
+        self.observer.ready = True
+        if msg["header"]["msg_type"] != "status":
+            return
+        parent = msg.get("parent_header") or {}
+        if parent.get("msg_type") != "execute_request":
+            return
+        msg_id, state, now = parent.get("msg_id"), msg["content"].get("execution_state"), self._clock()
+        if not msg_id:
+            return
+        with self._lock:
+            if state == "busy":
+                self.observer.busy = True
+                if self.settings.deadline is not None:
+                    self.escalations[msg_id] = Escalation(self.settings.deadline, started_at=now)
+                    while len(self.escalations) > KEEP_OUTCOMES:
+                        self.escalations.popitem(last=False)
+            elif state == "idle":
+                self.observer.busy = False
+                if msg_id in self.escalations:
+                    self.escalations[msg_id].on_idle(now)
+
+    def _on_control(self, msg: dict[str, Any]) -> None:
+        parent_id = (msg.get("parent_header") or {}).get("msg_id")
+        if msg["header"]["msg_type"] != "ivralo_status_reply" or parent_id not in self._pending_confirm:
+            return
+        msg_id = self._pending_confirm.pop(parent_id)
+        with self._lock:
+            escalation = self.escalations.get(msg_id)
+            action = (
+                escalation.on_confirm(msg["content"].get("executing") == msg_id, self._clock())
+                if escalation
+                else Action.NONE
+            )
+        if action is Action.KILL:
+            self._kill(msg_id, self._timeout_cause())
+
+    def _advance(self, now: float, control: zmq.Socket[Any]) -> None:
+        with self._lock:
+            actions = [(msg_id, e.step(now)) for msg_id, e in self.escalations.items() if not e.phase.final]
+        for msg_id, action in actions:
+            if action is Action.INTERRUPT:
+                self._interrupt(msg_id, control)
+            elif action is Action.CONFIRM:
+                self._pending_confirm[self._send(control, names.MSG_STATUS_REQUEST, {})] = msg_id
+            elif action is Action.KILL:
+                self._kill(msg_id, self._timeout_cause())
+
+    def _send(self, control: zmq.Socket[Any], msg_type: str, content: dict[str, Any]) -> str:
+        sent = self._session.send(control, msg_type, content)
+        return str(sent["header"]["msg_id"]) if sent else ""
+
+    def _timeout_cause(self) -> str:
+        assert self.settings.deadline is not None
+        return f"timeout: execution exceeded deadline_ms={self.settings.deadline.deadline_ms}"
+
+    def _interrupt(self, msg_id: str, control: zmq.Socket[Any]) -> None:
+        assert self.settings.deadline is not None
+        notice = {"msg_id": msg_id, "deadline_ms": self.settings.deadline.deadline_ms}
+        sent = self._send(control, names.MSG_DEADLINE_NOTICE, notice)
+        # Let the kernel record why before the signal lands, so the cell shows the deadline
+        # message; a kernel too busy to answer (GIL held) is interrupted anyway.
+        until = self._clock() + CONTROL_ANSWER_S
+        while self._clock() < until and control.poll(int(CONTROL_ANSWER_S * 1000)):
+            _, reply = self._session.recv(control, mode=zmq.NOBLOCK, content=True)
+            if reply is not None and (reply.get("parent_header") or {}).get("msg_id") == sent:
+                break
+            if reply is not None:
+                self._on_control(reply)
+        self._log.warning(
+            "ivralo: execution %s exceeded deadline_ms=%s; interrupting (grace %s ms)",
+            msg_id,
+            self.settings.deadline.deadline_ms,
+            self.settings.deadline.interrupt_grace_ms,
+        )
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.root_pid, signal.SIGINT)  # the supervisor ignores it; the kernel gets it
+
+    def _check_memory(self) -> None:
+        sample = self.observer.poll()
+        if sample is None:
+            return
+        hard, soft = self.settings.memory_hard_limit_bytes, self.settings.memory_soft_limit_bytes
+        if hard is not None and sample.rss > hard:
+            self._kill(None, f"memory: RSS {human_bytes(sample.rss)} exceeded memory_hard_limit_bytes={hard}")
+            return
+        if soft is None:
+            return
+        with self._lock:
+            if sample.rss > soft and not self._soft_episode:
+                self._soft_episode = True
+                self._soft_notice = (
+                    f"[ivralo memory] RSS {human_bytes(sample.rss)} exceeds the {human_bytes(soft)} soft limit — "
+                    "delete objects you no longer need (del name)"
+                )
+                self._log.warning("ivralo: %s", self._soft_notice)
+            elif sample.rss <= soft:
+                self._soft_episode = False
+
+    def _kill(self, msg_id: str | None, cause: str) -> None:
+        self.loss = Loss(cause, self.observer.describe(), msg_id)
+        self._log.warning("ivralo: ending the kernel's process tree (%s; %s)", cause, self.loss.observer)
+        self._kill_tree()

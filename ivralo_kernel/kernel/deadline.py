@@ -1,0 +1,90 @@
+"""[kernel] Deadlines seen from inside the kernel.
+
+Two jobs:
+
+* ``DeadlineNotices``: the host's watchdog says, over control, "the interrupt that follows is the
+  deadline of execution X". The KeyboardInterrupt of X is then shown as the deadline message, not
+  as a traceback, in JupyterLab as well as to an agent.
+* ``InKernelWatchdog``: for a kernel that no ivralo host watches (VS Code runs kernel.json argv
+  itself). At the deadline it interrupts the main thread with ``pthread_kill`` (``interrupt_main``
+  waits for the blocking call to return); the kill after the grace is registered with the
+  supervisor up front, because by then the kernel may be unable to ask: native code holding the GIL
+  starves every Python thread, and only another process can act.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+
+from ivralo_kernel.kernel.stages import SupervisorPipe
+from ivralo_kernel.protocol import names
+
+# Slack between the end of the grace and the supervisor's kill, for the interrupted cell to unwind.
+BACKSTOP_SLACK_S = 0.25
+
+
+class DeadlineNotices:
+    """msg_id -> deadline_ms of executions interrupted for their deadline. Thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._notices: dict[str, int] = {}
+
+    def add(self, msg_id: str, deadline_ms: int) -> None:
+        with self._lock:
+            self._notices[msg_id] = deadline_ms
+
+    def get(self, msg_id: str | None) -> int | None:
+        with self._lock:
+            return self._notices.get(msg_id) if msg_id else None
+
+    def discard(self, msg_id: str | None) -> None:
+        with self._lock:
+            self._notices.pop(msg_id or "", None)
+
+    @staticmethod
+    def text(deadline_ms: int) -> str:
+        return names.INTERRUPTED_TEXT.format(deadline_ms=deadline_ms)
+
+
+class InKernelWatchdog:
+    """One daemon thread; ``started``/``finished`` bracket each execution on the main thread."""
+
+    def __init__(self, deadline_ms: int, grace_ms: int, pipe: SupervisorPipe, notices: DeadlineNotices) -> None:
+        self.deadline_s = deadline_ms / 1000
+        self.deadline_ms, self.grace_s = deadline_ms, grace_ms / 1000
+        self._pipe, self._notices = pipe, notices
+        self._main = threading.main_thread().ident
+        self._cond = threading.Condition()
+        self._current: tuple[str, float] | None = None  # (msg_id, monotonic deadline)
+        threading.Thread(target=self._run, name="ivralo-deadline", daemon=True).start()
+
+    def started(self, msg_id: str) -> None:
+        due = time.monotonic() + self.deadline_s
+        self._pipe.kill_at(due + self.grace_s + BACKSTOP_SLACK_S)
+        with self._cond:
+            self._current = (msg_id, due)
+            self._cond.notify()
+
+    def finished(self) -> None:
+        with self._cond:
+            self._current = None
+            self._cond.notify()
+        self._pipe.kill_at(None)
+
+    def _run(self) -> None:
+        assert self._main is not None
+        while True:
+            with self._cond:
+                while self._current is None:
+                    self._cond.wait()
+                msg_id, due = self._current
+                remaining = due - time.monotonic()
+                if remaining > 0:
+                    self._cond.wait(remaining)
+                    continue
+                self._current = None  # one interrupt per execution; the supervisor does the rest
+            self._notices.add(msg_id, self.deadline_ms)
+            signal.pthread_kill(self._main, signal.SIGINT)
