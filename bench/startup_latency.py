@@ -30,14 +30,16 @@ import math
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # jupyter_client is imported only after Jupyter's folders are isolated
     from jupyter_client.blocking.client import BlockingKernelClient
@@ -56,6 +58,19 @@ TARGET_START_RATIO = 1.3
 TARGET_ROUNDTRIP_RATIO = 1.1
 
 ROUNDTRIP_CODE = "1+1"
+KERNEL_LOG = "kernels.log"  # in the run's temp folder: both kinds' stdout/stderr
+KNOWN_KERNEL_NOISE = "without encryption"  # ipykernel's TCP warning, once per kernel
+
+START_METRICS = (
+    "ready_ms",
+    "wait_for_ready_returned_ms",
+    "start_kernel_call_ms",
+    "kernel_info_requests",
+    "shutdown_ms",
+    "bootstrap_ms",  # ivralo only
+    "supervisor_to_kernel_fork_ms",  # ivralo only
+)
+ROUNDTRIP_METRICS = ("roundtrip_ms", "reply_ms", "idle_ms")
 
 
 # --------------------------------------------------------------------------- environment
@@ -82,7 +97,8 @@ def isolate_jupyter(root: Path) -> dict[str, str]:
     from ivralo_kernel.cli.install import install  # imports jupyter_client: only now
 
     spec_dir = install(prefix=str(prefix))
-    return {**{k: str(v) for k, v in folders.items()}, "JUPYTER_PATH": os.environ["JUPYTER_PATH"], "ivralo_spec": spec_dir}
+    record = {k: str(v) for k, v in folders.items()}
+    return {**record, "JUPYTER_PATH": os.environ["JUPYTER_PATH"], "ivralo_spec": spec_dir}
 
 
 def timed_client_class() -> type[BlockingKernelClient]:
@@ -142,6 +158,18 @@ def pairs(n: int) -> Iterator[tuple[int, tuple[str, str]]]:
 # --------------------------------------------------------------------------- kernel helpers
 
 
+def drain(channel: Any) -> list[dict[str, Any]]:
+    """Every message already waiting on a channel, without blocking.
+
+    (jupyter_client 8's ``ZMQSocketChannel.get_msgs()`` calls ``get_msg()`` with no timeout, which
+    blocks once the channel is empty.)
+    """
+    msgs = []
+    while channel.msg_ready():
+        msgs.append(channel.get_msg(timeout=0))
+    return msgs
+
+
 def await_reply(kc: BlockingKernelClient, msg_id: str, timeout: float) -> dict[str, Any]:
     """The shell reply whose parent is ``msg_id`` (stale replies, e.g. from wait_for_ready, are skipped)."""
     deadline = time.monotonic() + timeout
@@ -178,25 +206,35 @@ def create_time(pid: int | None) -> float | None:
 
 
 class Bench:
-    def __init__(self, workspace: Path, timeout: float) -> None:
+    def __init__(self, workspace: Path, runtime_dir: Path, kernel_log: IO[bytes], timeout: float) -> None:
         from jupyter_client.manager import KernelManager
 
         self.workspace = workspace
+        self.runtime_dir = runtime_dir
+        self.kernel_log = kernel_log  # both kinds' stdout/stderr (ipykernel's TCP warning, tracebacks)
         self.timeout = timeout
         self.manager_class = KernelManager
         self.client_class = timed_client_class()
 
     def new_manager(self, kind: str) -> KernelManager:
-        return self.manager_class(kernel_name=KERNEL_NAMES[kind], client_factory=self.client_class)
+        return self.manager_class(
+            kernel_name=KERNEL_NAMES[kind],
+            client_factory=self.client_class,
+            connection_file=str(self.runtime_dir / f"kernel-{kind}-{uuid.uuid4()}.json"),
+        )
 
     def start(self, km: KernelManager) -> tuple[BlockingKernelClient, dict[str, float]]:
         """Start a kernel and wait until it is ready; return the client and the timings (ms)."""
         t0 = time.perf_counter()
-        km.start_kernel(cwd=str(self.workspace))
+        km.start_kernel(cwd=str(self.workspace), stdout=self.kernel_log, stderr=self.kernel_log)
         t_launched = time.perf_counter()
         kc = km.client()
         kc.start_channels()
-        kc.wait_for_ready(timeout=self.timeout)
+        try:
+            kc.wait_for_ready(timeout=self.timeout)
+        except BaseException:
+            kc.stop_channels()  # the caller shuts the kernel down; it never sees this client
+            raise
         t_returned = time.perf_counter()
         if kc.ready_at is None:  # not reachable with jupyter_client 8; keep the number honest anyway
             raise RuntimeError("wait_for_ready returned without a kernel_info_reply")
@@ -236,7 +274,7 @@ class Bench:
         import zmq
 
         shell, iopub = kc.shell_channel, kc.iopub_channel
-        iopub.get_msgs()  # leftovers of earlier requests would only be skipped, but cost time to skip
+        drain(iopub)  # leftovers of earlier requests would only be skipped, but cost time to skip
         poller = zmq.Poller()
         poller.register(shell.socket, zmq.POLLIN)
         poller.register(iopub.socket, zmq.POLLIN)
@@ -252,13 +290,13 @@ class Bench:
             events = dict(poller.poll(remaining_ms))
             now = time.perf_counter()
             if shell.socket in events:
-                for msg in shell.get_msgs():
+                for msg in drain(shell):
                     if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "execute_reply":
                         if msg["content"]["status"] != "ok":
                             raise RuntimeError(f"{ROUNDTRIP_CODE!r} failed: {msg['content']}")
                         t_reply = now
             if iopub.socket in events:
-                for msg in iopub.get_msgs():
+                for msg in drain(iopub):
                     if (
                         msg["parent_header"].get("msg_id") == msg_id
                         and msg["msg_type"] == "status"
@@ -322,8 +360,8 @@ def column(records: list[dict[str, Any]], key: str) -> list[float]:
 def build_report(
     starts: dict[str, list[dict[str, Any]]], rts: dict[str, list[dict[str, float]]]
 ) -> tuple[dict[str, Any], list[str]]:
-    s = {kind: {key: summary(column(starts[kind], key)) for key in starts[kind][0] if key != "kind"} for kind in KINDS}
-    r = {kind: {key: summary(column(rts[kind], key)) for key in rts[kind][0]} for kind in KINDS}
+    s = {kind: {key: summary(column(starts[kind], key)) for key in START_METRICS} for kind in KINDS}
+    r = {kind: {key: summary(column(rts[kind], key)) for key in ROUNDTRIP_METRICS} for kind in KINDS}
 
     def ratios(stats: dict[str, dict[str, dict[str, float | int]]], key: str) -> dict[str, float]:
         return {q: ratio(float(stats[IVRALO][key][q]), float(stats[PLAIN][key][q])) for q in ("median", "p99")}
@@ -366,10 +404,10 @@ def build_report(
     lines.append(f"  {'kernel_info requests until ready':32}{max(kir[PLAIN]):10.0f}{max(kir[IVRALO]):11.0f}  (max)")
 
     iv = s[IVRALO]
-    if "bootstrap_ms" in iv:
+    if iv["bootstrap_ms"]["n"]:
         ready = float(iv["ready_ms"]["median"])
         call = float(iv["start_kernel_call_ms"]["median"])
-        fork = float(iv.get("supervisor_to_kernel_fork_ms", {}).get("median", math.nan))
+        fork = float(iv["supervisor_to_kernel_fork_ms"]["median"])
         boot = float(iv["bootstrap_ms"]["median"])
         lines.append("")
         lines.append("ivralo start-to-ready breakdown (medians, ms; the fork split has 10 ms resolution)")
@@ -395,12 +433,16 @@ def environment_info() -> dict[str, Any]:
     import ipykernel
     import jupyter_client
 
-    try:
-        commit = subprocess.run(
-            ["git", "-C", str(REPO_DIR), "rev-parse", "HEAD"], capture_output=True, text=True, check=False, timeout=10
-        ).stdout.strip()
-    except OSError:
-        commit = ""
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(
+                ["git", "-C", str(REPO_DIR), *args], capture_output=True, text=True, check=False, timeout=10
+            ).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            return ""
+
+    commit = git("rev-parse", "HEAD").strip()
+    dirty = [line[3:] for line in git("status", "--porcelain", "--untracked-files=no").splitlines()]
     return {
         "python": sys.version.split()[0],
         "executable": sys.executable,
@@ -409,6 +451,7 @@ def environment_info() -> dict[str, Any]:
         "ipykernel": ipykernel.__version__,
         "jupyter_client": jupyter_client.__version__,
         "git_commit": commit,
+        "git_modified_files": dirty,  # the numbers describe HEAD plus these working-tree changes
     }
 
 
@@ -448,54 +491,72 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def run(args: argparse.Namespace, root: Path, log: Callable[[str], None]) -> int:
+    started = datetime.now(UTC)
+    folders = isolate_jupyter(root)
+    workspace = root / "workspace"
+    workspace.mkdir()
+    with (root / KERNEL_LOG).open("wb") as kernel_log:
+        bench = Bench(workspace, Path(folders["JUPYTER_RUNTIME_DIR"]), kernel_log, args.timeout)
+        load_before = os.getloadavg()
+        t_run = time.monotonic()
+        log(f"start-to-ready: {args.trials} interleaved pairs (+{args.warmup_starts} warm-up start per kind)")
+        starts = run_starts(bench, args.trials, args.warmup_starts, log)
+        log(f"round trips: {args.roundtrips} interleaved pairs (+{args.warmup} warm-up executions per kind)")
+        rts = run_roundtrips(bench, args.roundtrips, args.warmup, log)
+    report, lines = build_report(starts, rts)
+    env = environment_info()
+    load_after = os.getloadavg()
+    print(
+        f"ivralo vs plain ipykernel: {env['cpu_count']} CPUs, Python {env['python']}, "
+        f"ipykernel {env['ipykernel']}, jupyter_client {env['jupyter_client']}, "
+        f"load avg {load_before[0]:.2f} -> {load_after[0]:.2f}\n"
+    )
+    print("\n".join(lines))
+    record = {
+        "benchmark": "startup_latency",
+        "started_at": started.isoformat(),
+        "duration_s": round(time.monotonic() - t_run, 1),
+        "params": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "environment": {**env, "loadavg_before": load_before, "loadavg_after": load_after},
+        "jupyter_folders": folders,
+        "summary": report,
+        "samples": {"start": starts, "roundtrip": rts},
+    }
+    args.results_dir.mkdir(parents=True, exist_ok=True)
+    out = args.results_dir / f"startup_latency-{started.strftime('%Y%m%dT%H%M%SZ')}.json"
+    out.write_text(json.dumps(record, indent=1, default=str) + "\n", encoding="utf-8")
+    print(f"\nresults: {out}")
+    missed = [name for name, t in report["targets"].items() if not t["met"]]
+    return 1 if (args.strict and missed) else 0
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)  # so that the finally blocks shut the kernels down
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
 
     def log(message: str) -> None:
         print(message, file=sys.stderr, flush=True)
 
     root = Path(tempfile.mkdtemp(prefix="ivralo-bench-"))
-    started = datetime.now(UTC)
     exit_code = 1
     try:
-        folders = isolate_jupyter(root)
-        workspace = root / "workspace"
-        workspace.mkdir()
-        bench = Bench(workspace, args.timeout)
-        load_before = os.getloadavg()
-        t_run = time.monotonic()
-        log(f"start-to-ready: {args.trials} interleaved pairs (+{args.warmup_starts} warm-up)")
-        starts = run_starts(bench, args.trials, args.warmup_starts, log)
-        log(f"round trips: {args.roundtrips} interleaved pairs (+{args.warmup} warm-up)")
-        rts = run_roundtrips(bench, args.roundtrips, args.warmup, log)
-        report, lines = build_report(starts, rts)
-        env = environment_info()
-        print(
-            f"ivralo vs plain ipykernel, {env['cpu_count']} CPUs, Python {env['python']}, "
-            f"ipykernel {env['ipykernel']}, jupyter_client {env['jupyter_client']}, "
-            f"load avg {load_before[0]:.2f} -> {os.getloadavg()[0]:.2f}"
-        )
-        print("\n".join(lines))
-        record = {
-            "benchmark": "startup_latency",
-            "started_at": started.isoformat(),
-            "duration_s": round(time.monotonic() - t_run, 1),
-            "params": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-            "environment": {**env, "loadavg_before": load_before, "loadavg_after": os.getloadavg()},
-            "jupyter_folders": folders,
-            "summary": report,
-            "samples": {"start": starts, "roundtrip": rts},
-        }
-        args.results_dir.mkdir(parents=True, exist_ok=True)
-        out = args.results_dir / f"startup_latency-{started.strftime('%Y%m%dT%H%M%SZ')}.json"
-        out.write_text(json.dumps(record, indent=1, default=str) + "\n", encoding="utf-8")
-        print(f"\nresults: {out}")
-        missed = [name for name, t in report["targets"].items() if not t["met"]]
-        exit_code = 1 if (args.strict and missed) else 0
+        exit_code = run(args, root, log)
+    except BaseException:
+        kernel_output = root / KERNEL_LOG
+        if kernel_output.is_file():
+            lines = kernel_output.read_text(errors="replace").splitlines()
+            tail = "\n".join([line for line in lines if KNOWN_KERNEL_NOISE not in line][-40:])
+            if tail:
+                log(f"--- end of the kernels' output ---\n{tail}")
+        raise
     finally:
-        left = reap_children(log)
-        if left:
-            exit_code = exit_code or 1
+        if reap_children(log):
+            exit_code = 1
         shutil.rmtree(root, ignore_errors=True)
     return exit_code
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import psutil
 from conftest import gone, wait_until
 
-from ivralo_kernel.host import Session, SyncSession, WorkerConfig
+from ivralo_kernel.host import Session, SyncSession
 
 
 async def test_lazy_start_and_persistent_variables(workspace: Path) -> None:
@@ -45,20 +45,12 @@ async def test_crash_reports_lost_names_and_recovers(workspace: Path) -> None:
         await session.run("alpha = 1\nbeta = [2]")
         result = await session.run("import os; os._exit(9)")
         assert isinstance(result, dict) and result["status"] == "error"
-        assert result["error"] == (
-            "REPL worker terminated (crash: the kernel exited with status 9). ALL variables in this session "
-            "were lost: alpha, beta. You must recreate any state you need before retrying."
+        error = result["error"]
+        assert error.startswith("REPL worker terminated (crash: the kernel exited with status 9; observer: ")
+        assert error.endswith(
+            "ALL variables in this session were lost: alpha, beta. You must recreate any state you need before retrying."
         )
         assert await session.run("print('alpha' in dir())") == "False\n", "a fresh worker, empty namespace"
-
-
-async def test_deadline_in_first_form_kills_and_reports(workspace: Path) -> None:
-    config = WorkerConfig(deadline_ms=1500, interrupt_grace_ms=500)
-    async with Session(workspace=workspace, config=config) as session:
-        await session.run("kept = 1")
-        result = await session.run("while True: pass")
-        assert isinstance(result, dict)
-        assert "timeout: execution exceeded deadline_ms=1500" in result["error"] and "kept" in result["error"]
 
 
 def test_sync_session_for_scripts(workspace: Path) -> None:

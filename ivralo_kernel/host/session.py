@@ -204,7 +204,13 @@ class Session:
         if watchdog is not None and watchdog.loss is not None:
             return f"{watchdog.loss.cause}; {watchdog.loss.observer}"
         observer = f"; {watchdog.observer.describe()}" if watchdog else ""
+        if self._exit_status() == names.DEADLINE_EXIT_STATUS:  # the supervisor's backstop
+            return f"timeout: execution exceeded deadline_ms={self.config.deadline_ms}{observer}"
         return f"crash: {self._exit_description()}{observer}"
+
+    def _exit_status(self) -> int | None:
+        process = getattr(self._km.provisioner if self._km else None, "process", None)
+        return process.poll() if process is not None else None
 
     async def _shell_reply(self, kc: AsyncKernelClient, msg_id: str) -> dict[str, Any] | None:
         deadline = time.monotonic() + self.config.namespace_timeout_ms / 1000
@@ -218,9 +224,7 @@ class Session:
         return None
 
     def _exit_description(self) -> str:
-        provisioner = self._km.provisioner if self._km else None
-        process = getattr(provisioner, "process", None)
-        code = process.poll() if process is not None else None
+        code = self._exit_status()
         if code is None:
             return "the kernel stopped answering"
         if code > 128:

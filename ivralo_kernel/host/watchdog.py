@@ -30,7 +30,8 @@ from ivralo_kernel.host.escalation import Action, DeadlinePolicy, Escalation, Ph
 from ivralo_kernel.host.observer import Observer, human_bytes
 from ivralo_kernel.protocol import names
 
-CONTROL_ANSWER_S = 0.1  # how long a deadline notice may take before the SIGINT goes anyway
+CONTROL_ANSWER_S = 0.1  # how long the kernel has to act on a deadline notice itself
+REPLY_MARGIN_S = 0.05  # how much longer its answer may take to reach us
 KEEP_OUTCOMES = 64
 
 
@@ -224,24 +225,29 @@ class Watchdog:
         return f"timeout: execution exceeded deadline_ms={self.settings.deadline.deadline_ms}"
 
     def _interrupt(self, msg_id: str, control: zmq.Socket[Any]) -> None:
+        """Ask the kernel to interrupt its own main thread (and show the deadline message); if it
+        cannot answer in time (native code holding the GIL), signal the process group instead."""
         assert self.settings.deadline is not None
-        notice = {"msg_id": msg_id, "deadline_ms": self.settings.deadline.deadline_ms}
-        sent = self._send(control, names.MSG_DEADLINE_NOTICE, notice)
-        # Let the kernel record why before the signal lands, so the cell shows the deadline
-        # message; a kernel too busy to answer (GIL held) is interrupted anyway.
-        until = self._clock() + CONTROL_ANSWER_S
-        while self._clock() < until and control.poll(int(CONTROL_ANSWER_S * 1000)):
-            _, reply = self._session.recv(control, mode=zmq.NOBLOCK, content=True)
-            if reply is not None and (reply.get("parent_header") or {}).get("msg_id") == sent:
-                break
-            if reply is not None:
-                self._on_control(reply)
         self._log.warning(
             "ivralo: execution %s exceeded deadline_ms=%s; interrupting (grace %s ms)",
             msg_id,
             self.settings.deadline.deadline_ms,
             self.settings.deadline.interrupt_grace_ms,
         )
+        act_before = time.monotonic() + CONTROL_ANSWER_S  # CLOCK_MONOTONIC: the kernel compares it
+        notice = {"msg_id": msg_id, "deadline_ms": self.settings.deadline.deadline_ms, "act_before": act_before}
+        sent = self._send(control, names.MSG_DEADLINE_NOTICE, notice)
+        until = act_before + REPLY_MARGIN_S
+        while (left := until - time.monotonic()) > 0 and control.poll(max(1, int(left * 1000))):
+            _, reply = self._session.recv(control, mode=zmq.NOBLOCK, content=True)
+            if reply is None:
+                continue
+            if (reply.get("parent_header") or {}).get("msg_id") != sent:
+                self._on_control(reply)
+            elif reply["content"].get("interrupted"):
+                return
+            else:
+                break  # it answered but is no longer running that execution, or was too late
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.root_pid, signal.SIGINT)  # the supervisor ignores it; the kernel gets it
 

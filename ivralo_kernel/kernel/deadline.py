@@ -21,8 +21,12 @@ import time
 from ivralo_kernel.kernel.stages import SupervisorPipe
 from ivralo_kernel.protocol import names
 
-# Slack between the end of the grace and the supervisor's kill, for the interrupted cell to unwind.
-BACKSTOP_SLACK_S = 0.25
+# Slack between the end of the grace and the supervisor's kill. With a host watchdog it acts first
+# (it kills at grace + 0.1 s, after asking over control), and this catches what it could not see
+# (still inside the promised deadline + grace + 250 ms):
+# native code that holds the GIL from a cell's first line starves the kernel's IOPub thread, so
+# the host never receives that execution's "busy".
+BACKSTOP_SLACK_S = 0.2
 
 
 class DeadlineNotices:
@@ -49,21 +53,36 @@ class DeadlineNotices:
         return names.INTERRUPTED_TEXT.format(deadline_ms=deadline_ms)
 
 
-class InKernelWatchdog:
-    """One daemon thread; ``started``/``finished`` bracket each execution on the main thread."""
+class SupervisorBackstop:
+    """Registers each execution's kill time with the supervisor, from the main thread, before any
+    user code runs; cancels it when the execution ends."""
 
-    def __init__(self, deadline_ms: int, grace_ms: int, pipe: SupervisorPipe, notices: DeadlineNotices) -> None:
-        self.deadline_s = deadline_ms / 1000
-        self.deadline_ms, self.grace_s = deadline_ms, grace_ms / 1000
-        self._pipe, self._notices = pipe, notices
+    def __init__(self, deadline_ms: int, grace_ms: int, pipe: SupervisorPipe) -> None:
+        self.deadline_s, self.grace_s = deadline_ms / 1000, grace_ms / 1000
+        self._pipe = pipe
+
+    def started(self) -> float:
+        due = time.monotonic() + self.deadline_s
+        self._pipe.kill_at(due + self.grace_s + BACKSTOP_SLACK_S)
+        return due
+
+    def finished(self) -> None:
+        self._pipe.kill_at(None)
+
+
+class InKernelWatchdog:
+    """The interrupt at the deadline, for a kernel no ivralo host watches. One daemon thread;
+    ``started``/``finished`` bracket each execution on the main thread."""
+
+    def __init__(self, deadline_ms: int, notices: DeadlineNotices) -> None:
+        self.deadline_s, self.deadline_ms = deadline_ms / 1000, deadline_ms
+        self._notices = notices
         self._main = threading.main_thread().ident
         self._cond = threading.Condition()
         self._current: tuple[str, float] | None = None  # (msg_id, monotonic deadline)
         threading.Thread(target=self._run, name="ivralo-deadline", daemon=True).start()
 
-    def started(self, msg_id: str) -> None:
-        due = time.monotonic() + self.deadline_s
-        self._pipe.kill_at(due + self.grace_s + BACKSTOP_SLACK_S)
+    def started(self, msg_id: str, due: float) -> None:
         with self._cond:
             self._current = (msg_id, due)
             self._cond.notify()
@@ -72,7 +91,6 @@ class InKernelWatchdog:
         with self._cond:
             self._current = None
             self._cond.notify()
-        self._pipe.kill_at(None)
 
     def _run(self) -> None:
         assert self._main is not None

@@ -13,13 +13,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from ipykernel.ipkernel import IPythonKernel
 
 from ivralo_kernel import __version__
-from ivralo_kernel.kernel.deadline import DeadlineNotices, InKernelWatchdog
+from ivralo_kernel.kernel.deadline import DeadlineNotices, InKernelWatchdog, SupervisorBackstop
 from ivralo_kernel.kernel.launch_state import STATE
 from ivralo_kernel.protocol import names
 
@@ -48,11 +54,12 @@ class IvraloKernel(IPythonKernel):
         assert self.shell is not None
         self.shell.set_custom_exc((KeyboardInterrupt,), _show_interrupt)
         policy = STATE.policy
+        self._backstop: SupervisorBackstop | None = None
         self._watchdog: InKernelWatchdog | None = None
-        if policy and policy.deadline_ms and not policy.host_enforces_deadline and STATE.pipe is not None:
-            self._watchdog = InKernelWatchdog(
-                policy.deadline_ms, policy.interrupt_grace_ms, STATE.pipe, self.deadline_notices
-            )
+        if policy and policy.deadline_ms and STATE.pipe is not None and STATE.pipe.connected:
+            self._backstop = SupervisorBackstop(policy.deadline_ms, policy.interrupt_grace_ms, STATE.pipe)
+            if not policy.host_enforces_deadline:
+                self._watchdog = InKernelWatchdog(policy.deadline_ms, self.deadline_notices)
 
     # -- what the kernel says about itself -------------------------------------------------
     @property
@@ -90,8 +97,10 @@ class IvraloKernel(IPythonKernel):
     ) -> dict[str, Any]:
         msg_id = self.get_parent("shell").get("header", {}).get("msg_id")
         self._executing = msg_id
-        if self._watchdog is not None and msg_id:
-            self._watchdog.started(msg_id)
+        if self._backstop is not None:
+            due = self._backstop.started()
+            if self._watchdog is not None and msg_id:
+                self._watchdog.started(msg_id, due)
         try:
             reply: dict[str, Any] = await super().do_execute(
                 code, silent, store_history, user_expressions, allow_stdin, cell_meta=cell_meta, cell_id=cell_id
@@ -100,17 +109,51 @@ class IvraloKernel(IPythonKernel):
         finally:
             if self._watchdog is not None:
                 self._watchdog.finished()
+            if self._backstop is not None:
+                self._backstop.finished()
             self._executing = None
             self.deadline_notices.discard(msg_id)
 
+    @contextmanager
+    def _cancel_on_sigint(self, future: asyncio.Future[Any]) -> Iterator[None]:
+        """SIGINT cancels an awaiting cell at once (ipykernel#881).
+
+        ipykernel queues the cancellation with tornado's ``add_callback``, which on the loop's own
+        thread uses a plain ``call_soon``: the self-pipe is never written, ``select()`` keeps
+        sleeping, and ``await asyncio.sleep(30)`` ends 30 s later. ``call_soon_threadsafe`` wakes it.
+        """
+        loop = asyncio.get_running_loop()
+
+        def handle_sigint(*_: object) -> None:
+            loop.call_soon_threadsafe(lambda: future.done() or future.cancel())
+
+        previous = signal.signal(signal.SIGINT, handle_sigint)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
     # -- control-channel handlers (Control thread) -----------------------------------------
     async def ivralo_deadline_notice(self, stream: Any, ident: Any, parent: dict[str, Any]) -> None:
+        """The host's deadline for ``msg_id`` passed: record why, and interrupt the main thread.
+
+        The signal is thread-directed: a process-directed SIGINT (killpg) is taken by whichever
+        thread Linux picks, often a running user thread, and then a main thread blocked in
+        ``join()`` or a lock never wakes. The host falls back to killpg after ``act_before``
+        (CLOCK_MONOTONIC), so a notice that arrives later must not interrupt a second time.
+        """
         content = parent.get("content", {})
-        msg_id, deadline_ms = content.get("msg_id"), content.get("deadline_ms")
-        ok = isinstance(msg_id, str) and isinstance(deadline_ms, int)
-        if ok:
+        msg_id, deadline_ms, act_before = content.get("msg_id"), content.get("deadline_ms"), content.get("act_before")
+        ok = isinstance(msg_id, str) and isinstance(deadline_ms, int) and isinstance(act_before, float)
+        interrupted = False
+        if ok and msg_id == self._executing and time.monotonic() < act_before:
             self.deadline_notices.add(msg_id, deadline_ms)
-        self._reply(stream, ident, parent, "ivralo_deadline_notice_reply", {"status": "ok" if ok else "error"})
+            main = threading.main_thread().ident
+            assert main is not None
+            signal.pthread_kill(main, signal.SIGINT)
+            interrupted = True
+        reply = {"status": "ok" if ok else "error", "interrupted": interrupted}
+        self._reply(stream, ident, parent, "ivralo_deadline_notice_reply", reply)
 
     async def ivralo_status_request(self, stream: Any, ident: Any, parent: dict[str, Any]) -> None:
         self._reply(stream, ident, parent, "ivralo_status_reply", {"status": "ok", "executing": self._executing})

@@ -61,6 +61,8 @@ CONTROL_MSG_TYPES: Final = (MSG_DEADLINE_NOTICE, MSG_STATUS_REQUEST)
 PIPE_STAGE: Final = "stage:"  # + stage name
 PIPE_KILL_AT: Final = "kill-at:"  # + CLOCK_MONOTONIC seconds, or "off": the supervisor's backstop
 PIPE_KILL_NOW: Final = "kill-now"  # the kernel asks for its whole tree to be ended
+# The supervisor's exit status when it ended the tree for a deadline (as timeout(1) does).
+DEADLINE_EXIT_STATUS: Final = 124
 
 # Texts a caller sees (agent result, or the cell in a notebook).
 INTERRUPTED_TEXT: Final = (

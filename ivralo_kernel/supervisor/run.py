@@ -179,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     kernel_status: int | None = None
     term_deadline: float | None = None
     kill_at: float | None = None  # the kernel's deadline backstop (CLOCK_MONOTONIC is system-wide)
+    deadline_kill = False
     stage_open = True
     while kernel_status is None:  # step 6
         timeout = PARENT_POLL_S
@@ -219,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         if term_deadline is not None and time.monotonic() >= term_deadline:
             break
         if kill_at is not None and time.monotonic() >= kill_at:
+            deadline_kill = True
             print("ivralo supervisor: the running cell outlived its deadline and grace; ending the kernel's tree",
                   file=sys.stderr)
             break
@@ -228,6 +230,8 @@ def main(argv: list[str] | None = None) -> int:
             kernel_status = status
     if relay.open:
         relay.drain()
+    if deadline_kill:
+        return names.DEADLINE_EXIT_STATUS
     if kernel_status is None:
         return 128 + signal.SIGKILL
     built = names.STAGE_KERNEL_BUILT in stages
