@@ -75,6 +75,8 @@ def test_jupyter_console(tmp_path: Path) -> None:
         child.expect("ivralo")
         child.sendline("exit")
         child.expect(pexpect.EOF)
+    except pexpect.TIMEOUT:
+        raise AssertionError(f"jupyter console did not answer; the screen so far: {child.before!r}") from None
     finally:
         child.close(force=True)
     assert child.exitstatus == 0

@@ -26,7 +26,9 @@ from ivralo_kernel.host.config import WorkerConfig
 from ivralo_kernel.host.escalation import Phase
 from ivralo_kernel.host.manager import IvraloKernelManager
 from ivralo_kernel.host.outputs import CellOutput, error_result, lost_names_message
+from ivralo_kernel.host.processes import tree_of
 from ivralo_kernel.host.watchdog import Watchdog
+from ivralo_kernel.host.worker_log import last_start_failure
 from ivralo_kernel.protocol import KernelPolicy, WorkerBootstrapError, names
 
 RunResult = str | dict[str, str]
@@ -113,21 +115,38 @@ class Session:
         kc = km.client()
         kc.start_channels()
         self._kc = kc
-        budget = self.config.bootstrap_timeout_ms / 1000
+        budget_ms = self.config.bootstrap_timeout_ms
+        deadline = time.monotonic() + budget_ms / 1000
         try:
-            await kc.wait_for_ready(timeout=budget)
-            reply = await kc.kernel_info(reply=True, timeout=budget)
+            # Ready means: kernel_info_reply carries the ivralo section (pid, bootstrap_ms).
+            await kc.wait_for_ready(timeout=budget_ms / 1000)
+            reply = await kc.kernel_info(reply=True, timeout=max(0.1, deadline - time.monotonic()))
+            section = reply["content"].get(names.KERNEL_INFO_SECTION) or {}
+            if not section.get("pid") or section.get("bootstrap_ms") is None:
+                raise RuntimeError("its kernel_info_reply has no ivralo section: this is not an ivralo kernel")
         except (RuntimeError, TimeoutError) as exc:
-            pid = self.supervisor_pid
-            await self._stop_kernel()
-            log = Path(self.workspace) / names.WORKER_LOG
-            raise WorkerBootstrapError(
-                f"ivralo kernel (supervisor pid {pid}) did not become ready within "
-                f"{self.config.bootstrap_timeout_ms} ms: {exc}. Why it failed is in {log}."
-            ) from None
+            raise await self._bootstrap_failed(budget_ms, exc) from None
         self.kernel_info = reply["content"]
         self._known_names = []
         return kc
+
+    async def _bootstrap_failed(self, budget_ms: int, exc: BaseException) -> WorkerBootstrapError:
+        """Kill the half-started worker and say why it did not come up, where to read more."""
+        supervisor = self.supervisor_pid
+        kernel = tree_of(supervisor)[1:2] if supervisor else []
+        watchdog = self.watchdog
+        diagnosis = watchdog.observer.boot_diagnosis() if watchdog else "not observed"
+        died = not await self._km.is_alive() if self._km else True
+        started = time.time()
+        await self._stop_kernel()  # the supervisor records the last stage and stderr tail
+        log = Path(self.workspace) / names.WORKER_LOG
+        stage, tail = last_start_failure(log, since=started - budget_ms / 1000 - 5)
+        why = f"it exited: {exc}" if died else f"no ivralo kernel_info_reply within the bootstrap budget; {diagnosis}"
+        return WorkerBootstrapError(
+            f"ivralo worker pid={kernel[0] if kernel else '?'} (supervisor {supervisor}) did not become ready "
+            f"within {budget_ms} ms ({why}); last stage: {stage}; stderr tail: {tail or '(empty)'}. "
+            f"Details in {log}. If the machine is just slow, raise WorkerConfig.bootstrap_timeout_ms."
+        )
 
     def _provisioner_settings(self) -> dict[str, Any]:
         c = self.config

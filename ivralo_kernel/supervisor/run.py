@@ -180,6 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     term_deadline: float | None = None
     kill_at: float | None = None  # the kernel's deadline backstop (CLOCK_MONOTONIC is system-wide)
     deadline_kill = False
+    stopped_by: str | None = None
     stage_open = True
     while kernel_status is None:  # step 6
         timeout = PARENT_POLL_S
@@ -210,6 +211,7 @@ def main(argv: list[str] | None = None) -> int:
             if pid == kernel:
                 kernel_status = status
         if received & {SIGNAL_KILL_NOW, SIGNAL_PARENT_DIED} or os.getppid() != parent:
+            stopped_by = "was stopped by the host" if SIGNAL_KILL_NOW in received else "lost its host"
             break
         if received & {signal.SIGTERM, signal.SIGQUIT} and term_deadline is None:
             term_deadline = time.monotonic() + TERM_GRACE_S
@@ -230,11 +232,12 @@ def main(argv: list[str] | None = None) -> int:
             kernel_status = status
     if relay.open:
         relay.drain()
+    built = names.STAGE_KERNEL_BUILT in stages
+    if not built and term_deadline is None:  # a start that failed, or that the host gave up on
+        how = f"{stopped_by} before it was ready" if stopped_by else _describe(kernel_status or 0)
+        _write_worker_log(workspace, stages, how, relay.tail)
     if deadline_kill:
         return names.DEADLINE_EXIT_STATUS
     if kernel_status is None:
         return 128 + signal.SIGKILL
-    built = names.STAGE_KERNEL_BUILT in stages
-    if not built and term_deadline is None:
-        _write_worker_log(workspace, stages, _describe(kernel_status), relay.tail)
     return _exit_code(kernel_status)

@@ -1,0 +1,64 @@
+"""A worker is ready only when its kernel_info_reply carries the ivralo section; a start that does
+not get there in time is killed and explained, and a slow start is not a restart loop."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from conftest import gone, wait_until
+
+from ivralo_kernel.host import Session, WorkerConfig
+
+
+def slow_startup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
+    """An IPython startup file that takes ``seconds``: a real way for a kernel to boot slowly."""
+    startup = tmp_path / "ipython" / "profile_default" / "startup"
+    startup.mkdir(parents=True)
+    (startup / "00-slow.py").write_text(
+        f"import sys, time\nprint('loading the team startup file', file=sys.stderr, flush=True)\ntime.sleep({seconds})\n"
+    )
+    monkeypatch.setenv("IPYTHONDIR", str(tmp_path / "ipython"))
+
+
+async def test_bootstrap_timeout_kills_and_explains(
+    tmp_path: Path, workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    slow_startup(tmp_path, monkeypatch, 30)
+    config = WorkerConfig(bootstrap_timeout_ms=2_000, observer_poll_ms=100)
+    async with Session(workspace=workspace, config=config) as session:
+        start = time.monotonic()
+        result = await session.run("print(1)")
+        assert time.monotonic() - start < 2 + 3, "the budget is kept (plus the kill)"
+    assert isinstance(result, dict)
+    error = result["error"]
+    assert error.startswith("ivralo worker pid=") and "did not become ready within 2000 ms" in error
+    assert "no ivralo kernel_info_reply within the bootstrap budget" in error
+    assert "(stalled)" in error, "sleeping in a startup file is a stall, not starvation"
+    assert "last stage: guards installed" in error
+    assert "stderr tail: [IPKernelApp]" in error, "the kernel's own stderr is quoted (user output goes to IOPub)"
+    log = (workspace / ".ivralo" / "python-worker.log").read_text()
+    assert "it was stopped by the host before it was ready" in log
+    assert str(workspace / ".ivralo" / "python-worker.log") in error
+    assert "raise WorkerConfig.bootstrap_timeout_ms" in error
+    pid = int(error.removeprefix("ivralo worker pid=").split()[0])
+    wait_until(lambda: gone(pid), 2, "the half-started kernel to be killed")
+
+
+@pytest.mark.slow
+async def test_a_bootstrap_slower_than_five_seconds_is_not_a_restart_loop(
+    tmp_path: Path, workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    slow_startup(tmp_path, monkeypatch, 6)
+    spawned: list[int] = []
+    async with Session(workspace=workspace, config=WorkerConfig(bootstrap_timeout_ms=30_000)) as session:
+        assert await session.run("print('up')") == "up\n"
+        spawned.append(session.pid or 0)
+        assert await session.run("print('same worker')") == "same worker\n"
+        assert session.pid == spawned[0], "one worker, started once"
+        bootstrap_ms = session.kernel_info["ivralo"]["bootstrap_ms"]
+        assert bootstrap_ms > 6000
+        supervisor = psutil.Process(session.supervisor_pid)
+        assert [p.pid for p in supervisor.children()] == spawned
