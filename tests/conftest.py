@@ -124,3 +124,14 @@ def gone(pid: int) -> bool:
 
 
 PYTHON = sys.executable
+
+
+async def wait_until_async(predicate: Callable[[], bool], timeout: float, what: str) -> None:
+    """``wait_until`` for async tests: yields to the event loop (a pool's sweep runs there)."""
+    import asyncio
+
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        await asyncio.sleep(0.02)

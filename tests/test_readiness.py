@@ -18,7 +18,7 @@ def slow_startup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seconds: float
     startup = tmp_path / "ipython" / "profile_default" / "startup"
     startup.mkdir(parents=True)
     (startup / "00-slow.py").write_text(
-        f"import sys, time\nprint('loading the team startup file', file=sys.stderr, flush=True)\ntime.sleep({seconds})\n"
+        f"import sys, time\nprint('loading the team startup file', file=sys.stderr)\ntime.sleep({seconds})\n"
     )
     monkeypatch.setenv("IPYTHONDIR", str(tmp_path / "ipython"))
 

@@ -13,7 +13,20 @@ def _install(args: argparse.Namespace) -> int:
     from ivralo_kernel.cli.install import install
 
     prefix = sys.prefix if args.sys_prefix else args.prefix
-    where = install(user=args.user, prefix=prefix, name=args.name, python=args.python, display_name=args.display_name)
+    settings = {
+        "deadline_ms": args.deadline_ms,
+        "interrupt_grace_ms": args.interrupt_grace_ms,
+        "memory_limit_bytes": args.memory_limit,
+        "memory_hard_limit_bytes": args.memory_hard_limit,
+    }
+    where = install(
+        user=args.user,
+        prefix=prefix,
+        name=args.name,
+        python=args.python,
+        display_name=args.display_name,
+        provisioner_config={k: v for k, v in settings.items() if v is not None},
+    )
     print(f"Installed kernelspec {args.name} in {where}")
     return 0
 
@@ -37,6 +50,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", default=names.KERNEL_NAME, help="kernelspec name (default: %(default)s)")
     p.add_argument("--display-name", help=f"name shown in the launcher (default: {names.DISPLAY_NAME})")
     p.add_argument("--python", metavar="PATH", help="run the kernel with this interpreter (default: this one)")
+    p.add_argument("--deadline-ms", type=int, metavar="MS", help="per-execution deadline (default: none)")
+    p.add_argument("--interrupt-grace-ms", type=int, metavar="MS", help="grace after the deadline's interrupt")
+    p.add_argument("--memory-limit", type=int, metavar="BYTES", help="RLIMIT_DATA (default: half the RAM)")
+    p.add_argument("--memory-hard-limit", type=int, metavar="BYTES", help="tree RSS that kills the kernel")
     p.set_defaults(func=_install)
 
     p = commands.add_parser("run", help="run a notebook or a .py file in a guarded kernel and print what it did")

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from jupyter_client.kernelspec import KernelSpecManager
 
@@ -48,10 +49,17 @@ def install(
     name: str = names.KERNEL_NAME,
     python: str | None = None,
     display_name: str | None = None,
+    provisioner_config: dict[str, Any] | None = None,
 ) -> str:
-    """Install the kernelspec; return the folder it was written to."""
+    """Install the kernelspec; return the folder it was written to.
+
+    ``provisioner_config`` holds IvraloProvisioner settings (deadline_ms, memory_limit_bytes, ...)
+    that every host starting this kernelspec applies; they live in kernel.json, out of the code's reach.
+    """
     interpreter = check_python(python) if python else sys.executable
-    spec = kernel_spec_dict(python=interpreter, display_name=display_name or names.DISPLAY_NAME)
+    spec = kernel_spec_dict(
+        python=interpreter, display_name=display_name or names.DISPLAY_NAME, provisioner_config=provisioner_config
+    )
     with tempfile.TemporaryDirectory() as staging:
         Path(staging, "kernel.json").write_text(json.dumps(spec, indent=1) + "\n", encoding="utf-8")
         Path(staging, "logo-svg.svg").write_text(LOGO_SVG, encoding="utf-8")

@@ -12,23 +12,23 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import logging
 import os
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine
-from pathlib import Path
 from typing import Any, TypeVar
 
 from jupyter_client.asynchronous.client import AsyncKernelClient
 
 from ivralo_kernel.host.config import WorkerConfig
 from ivralo_kernel.host.escalation import Phase
-from ivralo_kernel.host.manager import IvraloKernelManager
 from ivralo_kernel.host.outputs import CellOutput, error_result, lost_names_message
-from ivralo_kernel.host.processes import tree_of
+from ivralo_kernel.host.pool import HostMemoryError, WorkerPool, WorkerPoolExhaustedError
 from ivralo_kernel.host.watchdog import Watchdog
-from ivralo_kernel.host.worker_log import last_start_failure
+from ivralo_kernel.host.worker import Worker
 from ivralo_kernel.protocol import KernelPolicy, WorkerBootstrapError, names
 
 RunResult = str | dict[str, str]
@@ -43,10 +43,17 @@ _POLL_S = 0.02
 # worker itself (the watchdog's own bound is deadline + grace + 250 ms).
 _FALLBACK_SLACK_S = 1.0
 USER_INTERRUPT_CAUSE = "interrupted: stopped at once by the user"
+RESTART_WINDOW_S = 60.0
+RESTART_WARNING_AT = 3
+log = logging.getLogger(__name__)
 
 
 class Session:
-    """An agent's guarded Python session. Use ``async with Session(...) as s: await s.run(code)``."""
+    """An agent's guarded Python session. Use ``async with Session(...) as s: await s.run(code)``.
+
+    Give ``pool=`` to share prewarmed workers between sessions (the pool's workspace, config and
+    role then apply); without it the session starts its own worker on the first call.
+    """
 
     def __init__(
         self,
@@ -60,21 +67,23 @@ class Session:
         gateway_url: str | None = None,
         *,
         python: str | None = None,
+        pool: WorkerPool | None = None,
     ) -> None:
-        self.workspace = str(Path(workspace).resolve())
-        self.config = config or WorkerConfig()
-        KernelPolicy(workspace=self.workspace, role=role)  # validates role now, not at first call
-        self.role = role
+        KernelPolicy(workspace=str(workspace), role=role)  # validates role now, not at first call
+        self._pool = pool or WorkerPool(workspace, config, role, python)
+        self._owns_pool = pool is None
+        self.workspace = self._pool.settings.workspace
+        self.config = self._pool.config
+        self.role = self._pool.settings.role
         self.grants = tuple(grants)
         self.ask, self.approve = ask, approve
         self.surface, self.gateway_url = surface, gateway_url
-        self.python = python
         self._lock = asyncio.Lock()
-        self._km: IvraloKernelManager | None = None
-        self._kc: AsyncKernelClient | None = None
+        self._worker: Worker | None = None
         self._known_names: list[str] = []
         self._user_interrupt = False
-        self.kernel_info: dict[str, Any] = {}
+        self._restarts: deque[tuple[float, str]] = deque()
+        self._restart_note: str | None = None
 
     async def __aenter__(self) -> Session:
         return self
@@ -83,16 +92,21 @@ class Session:
         await self.close()
 
     @property
+    def kernel_info(self) -> dict[str, Any]:
+        return self._worker.kernel_info if self._worker else {}
+
+    @property
     def pid(self) -> int | None:
         """Pid of the kernel process (not the supervisor), once it is ready."""
-        section = self.kernel_info.get(names.KERNEL_INFO_SECTION) or {}
-        pid = section.get("pid")
-        return int(pid) if pid else None
+        return self._worker.pid if self._worker else None
 
     @property
     def supervisor_pid(self) -> int | None:
-        provisioner = self._km.provisioner if self._km else None
-        return getattr(provisioner, "pid", None)
+        return self._worker.supervisor_pid if self._worker else None
+
+    @property
+    def watchdog(self) -> Watchdog | None:
+        return self._worker.watchdog if self._worker else None
 
     async def run(self, code: str) -> RunResult:
         """Run ``code``; return its printed output, or the error dict."""
@@ -100,79 +114,30 @@ class Session:
             if self.approve is not None and not await self.approve(code):
                 return error_result("", "refused: the person did not approve this code", "done_with_errors")
             try:
-                kc = await self._ensure_started()
-            except WorkerBootstrapError as exc:
+                worker = await self._ensure_started()
+            except (WorkerBootstrapError, WorkerPoolExhaustedError, HostMemoryError) as exc:
                 return error_result("", str(exc))
-            return await self._execute(kc, code)
+            worker.busy = True
+            try:
+                result = await self._execute(worker, code)
+            finally:
+                worker.busy = False
+                worker.last_used = time.monotonic()
+            return self._with_notes(result, worker)
 
-    async def _ensure_started(self) -> AsyncKernelClient:
-        if self._kc is not None and self._km is not None and await self._km.is_alive():
-            return self._kc
-        await self._stop_kernel()
-        km = IvraloKernelManager.for_settings(python=self.python, **self._provisioner_settings())
-        self._km = km
-        await km.start_kernel(cwd=self.workspace)
-        kc = km.client()
-        kc.start_channels()
-        self._kc = kc
-        budget_ms = self.config.bootstrap_timeout_ms
-        deadline = time.monotonic() + budget_ms / 1000
-        try:
-            # Ready means: kernel_info_reply carries the ivralo section (pid, bootstrap_ms).
-            await kc.wait_for_ready(timeout=budget_ms / 1000)
-            reply = await kc.kernel_info(reply=True, timeout=max(0.1, deadline - time.monotonic()))
-            section = reply["content"].get(names.KERNEL_INFO_SECTION) or {}
-            if not section.get("pid") or section.get("bootstrap_ms") is None:
-                raise RuntimeError("its kernel_info_reply has no ivralo section: this is not an ivralo kernel")
-        except (RuntimeError, TimeoutError) as exc:
-            raise await self._bootstrap_failed(budget_ms, exc) from None
-        self.kernel_info = reply["content"]
-        self._known_names = []
-        return kc
+    async def _ensure_started(self) -> Worker:
+        worker = self._worker
+        if worker is not None and worker.retired is None and await worker.is_alive():
+            return worker
+        if worker is not None:  # retired by the pool while idle: a fresh namespace is no error
+            self._worker = None
+            self._known_names = []
+            await self._pool.release(worker)
+        self._worker = await self._pool.acquire()
+        return self._worker
 
-    async def _bootstrap_failed(self, budget_ms: int, exc: BaseException) -> WorkerBootstrapError:
-        """Kill the half-started worker and say why it did not come up, where to read more."""
-        supervisor = self.supervisor_pid
-        kernel = tree_of(supervisor)[1:2] if supervisor else []
-        watchdog = self.watchdog
-        diagnosis = watchdog.observer.boot_diagnosis() if watchdog else "not observed"
-        died = not await self._km.is_alive() if self._km else True
-        started = time.time()
-        await self._stop_kernel()  # the supervisor records the last stage and stderr tail
-        log = Path(self.workspace) / names.WORKER_LOG
-        stage, tail = last_start_failure(log, since=started - budget_ms / 1000 - 5)
-        why = f"it exited: {exc}" if died else f"no ivralo kernel_info_reply within the bootstrap budget; {diagnosis}"
-        return WorkerBootstrapError(
-            f"ivralo worker pid={kernel[0] if kernel else '?'} (supervisor {supervisor}) did not become ready "
-            f"within {budget_ms} ms ({why}); last stage: {stage}; stderr tail: {tail or '(empty)'}. "
-            f"Details in {log}. If the machine is just slow, raise WorkerConfig.bootstrap_timeout_ms."
-        )
-
-    def _provisioner_settings(self) -> dict[str, Any]:
-        c = self.config
-        settings: dict[str, Any] = {
-            "workspace": self.workspace,
-            "role": self.role,
-            "deadline_ms": c.deadline_ms,
-            "interrupt_before_kill": c.interrupt_before_kill,
-            "interrupt_grace_ms": c.interrupt_grace_ms,
-            "observer_poll_ms": c.observer_poll_ms,
-            "stall_window_ms": c.stall_window_ms,
-        }
-        optional = {
-            "memory_limit_bytes": c.memory_limit_bytes,
-            "rlimit_nofile": c.rlimit_nofile,
-            "memory_soft_limit_bytes": c.memory_soft_limit_bytes,
-            "memory_hard_limit_bytes": c.memory_hard_limit_bytes,
-        }
-        settings.update({k: v for k, v in optional.items() if v})
-        return settings
-
-    @property
-    def watchdog(self) -> Watchdog | None:
-        return getattr(self._km.provisioner, "watchdog", None) if self._km else None
-
-    async def _execute(self, kc: AsyncKernelClient, code: str) -> RunResult:
+    async def _execute(self, worker: Worker, code: str) -> RunResult:
+        kc = worker.kc
         msg_id = kc.execute(code, allow_stdin=False, stop_on_error=True, user_expressions={"names": _NAMES_EXPR})
         out = CellOutput()
         c = self.config
@@ -184,9 +149,8 @@ class Session:
             try:
                 msg = await kc.get_iopub_msg(timeout=_POLL_S)
             except queue.Empty:
-                assert self._km is not None
-                if not await self._km.is_alive():
-                    return await self._lose_worker(self._death_cause())
+                if not await worker.is_alive():
+                    return await self._lose_worker(self._death_cause(worker))
                 continue
             if msg["parent_header"].get("msg_id") != msg_id:
                 continue
@@ -198,16 +162,10 @@ class Session:
         content = reply["content"] if reply else {}
         if content.get("status") == "ok":
             self._known_names = _names_from(content.get("user_expressions", {}).get("names"))
-        notice = self.watchdog.take_soft_notice() if self.watchdog else None
-        result = self._result(msg_id, out, content)
-        if notice:
-            if isinstance(result, str):
-                return f"{result}{notice}\n"
-            result["result"] += f"{notice}\n"
-        return result
+        return self._result(worker, msg_id, out, content)
 
-    def _result(self, msg_id: str, out: CellOutput, content: dict[str, Any]) -> RunResult:
-        phase = self.watchdog.phase_of(msg_id) if self.watchdog else None
+    def _result(self, worker: Worker, msg_id: str, out: CellOutput, content: dict[str, Any]) -> RunResult:
+        phase = worker.watchdog.phase_of(msg_id) if worker.watchdog else None
         if phase in (Phase.INTERRUPTING, Phase.CONFIRMING, Phase.INTERRUPTED):
             return error_result(out.text, names.INTERRUPTED_TEXT.format(deadline_ms=self.config.deadline_ms))
         if out.error is not None or content.get("status") == "error":
@@ -215,21 +173,36 @@ class Session:
             return error_result(out.text, error)
         return out.text
 
-    def _death_cause(self) -> str:
+    def _with_notes(self, result: RunResult, worker: Worker | None) -> RunResult:
+        """Append the one-line notes a result carries: a memory soft-limit breach, a restart loop."""
+        notes = [
+            n
+            for n in (worker.watchdog.take_soft_notice() if worker and worker.watchdog else None, self._restart_note)
+            if n
+        ]
+        self._restart_note = None
+        if not notes:
+            return result
+        text = "".join(f"{n}\n" for n in notes)
+        if isinstance(result, str):
+            return result + text
+        result["result"] += text
+        return result
+
+    def _death_cause(self, worker: Worker) -> str:
         """Why the worker is gone: the user's Esc, the watchdog's kill, or a crash."""
         if self._user_interrupt:
             return USER_INTERRUPT_CAUSE
-        watchdog = self.watchdog
+        if worker.retired:
+            return f"stopped: {worker.retired}"
+        watchdog = worker.watchdog
         if watchdog is not None and watchdog.loss is not None:
             return f"{watchdog.loss.cause}; {watchdog.loss.observer}"
         observer = f"; {watchdog.observer.describe()}" if watchdog else ""
-        if self._exit_status() == names.DEADLINE_EXIT_STATUS:  # the supervisor's backstop
+        status = worker.exit_status()
+        if status == names.DEADLINE_EXIT_STATUS:  # the supervisor's backstop
             return f"timeout: execution exceeded deadline_ms={self.config.deadline_ms}{observer}"
-        return f"crash: {self._exit_description()}{observer}"
-
-    def _exit_status(self) -> int | None:
-        process = getattr(self._km.provisioner if self._km else None, "process", None)
-        return process.poll() if process is not None else None
+        return f"crash: {_exit_description(status)}{observer}"
 
     async def _shell_reply(self, kc: AsyncKernelClient, msg_id: str) -> dict[str, Any] | None:
         deadline = time.monotonic() + self.config.namespace_timeout_ms / 1000
@@ -242,37 +215,33 @@ class Session:
                 return reply
         return None
 
-    def _exit_description(self) -> str:
-        code = self._exit_status()
-        if code is None:
-            return "the kernel stopped answering"
-        if code > 128:
-            return f"the kernel was killed by signal {code - 128}"
-        return f"the kernel exited with status {code}"
-
     async def _lose_worker(self, cause: str) -> dict[str, str]:
         lost = list(self._known_names)
         self._known_names = []
         self._user_interrupt = False
-        await self._stop_kernel()
+        self._note_restart(cause)
+        await self._release_worker()
         message = lost_names_message(cause, lost)
         return error_result(message, message)
 
-    async def _stop_kernel(self) -> None:
-        kc, km = self._kc, self._km
-        self._kc = self._km = None
-        self.kernel_info = {}
-        if kc is not None:
-            kc.stop_channels()
-        if km is not None:
-            try:
-                if await km.is_alive():
-                    await km.shutdown_kernel(now=True)
-                else:
-                    await km.cleanup_resources()
-            except Exception:  # noqa: BLE001 - teardown must finish; the tree is killed below anyway
-                if km.provisioner is not None:
-                    await km.provisioner.kill()
+    def _note_restart(self, cause: str) -> None:
+        """From the third lost worker within 60 s, say so: something keeps killing it."""
+        now = time.monotonic()
+        self._restarts.append((now, cause))
+        while self._restarts and now - self._restarts[0][0] > RESTART_WINDOW_S:
+            self._restarts.popleft()
+        if len(self._restarts) >= RESTART_WARNING_AT:
+            self._restart_note = (
+                f"[ivralo] this session's worker was lost {len(self._restarts)} times in the last "
+                f"{RESTART_WINDOW_S:g} s; the last time: {cause}. Check the code for a loop that never "
+                "ends or an allocation that grows, before retrying"
+            )
+            log.warning("ivralo: %s", self._restart_note)
+
+    async def _release_worker(self) -> None:
+        worker, self._worker = self._worker, None
+        if worker is not None:
+            await self._pool.release(worker)
 
     async def interrupt(self) -> dict[str, str] | None:
         """The Esc key: end the worker and its whole tree now (no grace). The next call gets a fresh
@@ -280,12 +249,12 @@ class Session:
 
         A call in flight returns the same message. (JupyterLab's interrupt button stays a plain SIGINT.)
         """
-        km = self._km
-        if km is None or km.provisioner is None:
+        worker = self._worker
+        if worker is None:
             return None
         self._user_interrupt = True
         lost = list(self._known_names)
-        await km.provisioner.kill()
+        await worker.kill()
         message = lost_names_message(USER_INTERRUPT_CAUSE, lost)
         if not self._lock.locked():  # nothing in flight will clean up after us
             async with self._lock:
@@ -295,11 +264,21 @@ class Session:
     async def close(self) -> None:
         """Stop the worker and its whole process tree."""
         async with self._lock:
-            await self._stop_kernel()
+            await self._release_worker()
+            if self._owns_pool:
+                await self._pool.close()
 
     async def list_vars(self) -> list[str]:
         """Names of the variables the last successful call left (no values)."""
         return list(self._known_names)
+
+
+def _exit_description(code: int | None) -> str:
+    if code is None:
+        return "the kernel stopped answering"
+    if code > 128:
+        return f"the kernel was killed by signal {code - 128}"
+    return f"the kernel exited with status {code}"
 
 
 def _names_from(expression_result: dict[str, Any] | None) -> list[str]:

@@ -223,8 +223,10 @@ def main(argv: list[str] | None = None) -> int:
             break
         if kill_at is not None and time.monotonic() >= kill_at:
             deadline_kill = True
-            print("ivralo supervisor: the running cell outlived its deadline and grace; ending the kernel's tree",
-                  file=sys.stderr)
+            print(
+                "ivralo supervisor: the running cell outlived its deadline and grace; ending the kernel's tree",
+                file=sys.stderr,
+            )
             break
 
     for pid, status in tree.kill_tree(os.getpid()):

@@ -1,0 +1,383 @@
+"""How precisely the ivralo worker enforces a per-execution deadline, seen from the agent API.
+
+For each case below, a cell that never finishes by itself is run through
+``Session(config=WorkerConfig(deadline_ms=D, interrupt_grace_ms=G)).run(code)``, and the time from
+the call to its return is measured (``time.monotonic()``). Defaults: D = 1000 ms, G = 500 ms,
+50 trials per case.
+
+Cases and the outcome each should have:
+
+* **python loop** (``while True: pass``), **time.sleep** and **await asyncio.sleep**: *interrupted*
+  at the deadline; the error is ``INTERRUPTED_TEXT`` and the namespace survives, so one session
+  serves every trial of the case.
+* **native code ignoring SIGINT** (``time.sleep(0.2)`` then ``sum(range(10**11))``) and **native from
+  the first line** (``sum(range(10**11))``): the interrupt cannot land, so the worker's tree is
+  *killed* after the grace (``REPL worker terminated (timeout: ...``). The session starts a fresh
+  worker on the next call by itself.
+
+Before every timed call, an untimed ``pass`` makes sure the worker is started, warm and idle (for the
+killed cases this is where the fresh worker's start-up goes). Trials are interleaved across cases
+(trial 1 of every case, then trial 2, ...; the order rotates) so machine drift is shared by all cases.
+
+Reported per case: outcome counts (interrupted / killed / other, with the first unexpected message),
+overshoot past D (elapsed - D) as median, p95, max; for the killed cases also overshoot past D + G;
+and the promised bound: every call answered within D + G + 250 ms (max elapsed and violations).
+For killed trials, who ended the tree is noted: the host-side watchdog (its ``loss`` is set) or
+otherwise the supervisor's backstop, and whether the old kernel process was gone when ``run``
+returned.
+
+Run: ``.venv/bin/python bench/deadline_precision.py`` (``--quick`` for 5 trials per case). A JSON file
+with every sample goes to ``bench/results/deadline_precision-<timestamp>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TextIO
+
+from startup_latency import (
+    DEFAULT_RESULTS_DIR,
+    KERNEL_LOG,
+    KNOWN_KERNEL_NOISE,
+    environment_info,
+    isolate_jupyter,
+    percentile,
+    reap_children,
+)
+
+INTERRUPTED, KILLED, OTHER = "interrupted", "killed", "other"
+OUTCOMES = (INTERRUPTED, KILLED, OTHER)
+BOUND_SLACK_MS = 250  # the promise: answered within deadline + grace + 250 ms
+MESSAGE_CHARS = 600  # how much of each error message goes into the JSON
+
+
+@dataclass(frozen=True)
+class Case:
+    key: str
+    label: str
+    code: str
+    expected: str
+
+
+CASES = (
+    Case("python_loop", "python loop", "while True: pass", INTERRUPTED),
+    Case("time_sleep", "time.sleep", "import time\ntime.sleep(60)", INTERRUPTED),
+    Case("asyncio_sleep", "await asyncio.sleep", "import asyncio\nawait asyncio.sleep(60)", INTERRUPTED),
+    Case(
+        "native_after_sleep", "native code ignoring SIGINT", "import time\ntime.sleep(0.2)\nsum(range(10**11))", KILLED
+    ),
+    Case("native_first_line", "native from the first line", "sum(range(10**11))", KILLED),
+)
+
+
+def classify(result: object, deadline_ms: int) -> tuple[str, str]:
+    """The outcome of one timed call, and its message."""
+    from ivralo_kernel.protocol import names
+
+    if not isinstance(result, dict):
+        return OTHER, f"returned without an error: {result!r}"
+    error = str(result.get("error", ""))
+    if error == names.INTERRUPTED_TEXT.format(deadline_ms=deadline_ms):
+        return INTERRUPTED, error
+    if error.startswith(f"REPL worker terminated (timeout: execution exceeded deadline_ms={deadline_ms}"):
+        return KILLED, error
+    return OTHER, error or repr(result)
+
+
+def process_gone(pid: int | None) -> bool | None:
+    """Whether a process no longer runs (a zombie counts as gone); None if the pid was unknown."""
+    import psutil
+
+    if pid is None:
+        return None
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+class Bench:
+    def __init__(self, root: Path, deadline_ms: int, grace_ms: int, log: Callable[[str], None]) -> None:
+        from ivralo_kernel.host import Session, WorkerConfig
+
+        self.deadline_ms, self.grace_ms, self.log = deadline_ms, grace_ms, log
+        config = WorkerConfig(deadline_ms=deadline_ms, interrupt_grace_ms=grace_ms)
+        self.sessions: dict[str, Session] = {}
+        for case in CASES:
+            workspace = root / "workspaces" / case.key
+            workspace.mkdir(parents=True)
+            self.sessions[case.key] = Session(workspace=workspace, config=config)
+        self.restarts: dict[str, int] = {case.key: 0 for case in CASES}
+
+    async def close(self) -> None:
+        for session in self.sessions.values():
+            await session.close()
+
+    async def warm(self, case: Case) -> None:
+        """Untimed ``pass``: the worker is started (a fresh one after a kill), warm and idle."""
+        session = self.sessions[case.key]
+        before = session.pid
+        result = await session.run("pass")
+        if result != "":
+            raise RuntimeError(f"{case.label}: the untimed 'pass' failed: {result!r}")
+        if session.pid != before:
+            self.restarts[case.key] += 1
+
+    async def trial(self, case: Case) -> dict[str, Any]:
+        await self.warm(case)
+        session = self.sessions[case.key]
+        kernel_pid, supervisor_pid, watchdog = session.pid, session.supervisor_pid, session.watchdog
+        t0 = time.monotonic()
+        result = await session.run(case.code)
+        elapsed_ms = (time.monotonic() - t0) * 1000
+        outcome, message = classify(result, self.deadline_ms)
+        record: dict[str, Any] = {
+            "outcome": outcome,
+            "elapsed_ms": elapsed_ms,
+            "overshoot_ms": elapsed_ms - self.deadline_ms,
+            "overshoot_past_grace_ms": elapsed_ms - self.deadline_ms - self.grace_ms,
+            "within_bound": elapsed_ms <= self.deadline_ms + self.grace_ms + BOUND_SLACK_MS,
+            "kernel_pid": kernel_pid,
+            "message": message[:MESSAGE_CHARS],
+        }
+        if outcome == KILLED:
+            record["killed_by"] = "host watchdog" if watchdog is not None and watchdog.loss else "supervisor backstop"
+            record["kernel_gone_at_return"] = process_gone(kernel_pid)
+            record["supervisor_gone_at_return"] = process_gone(supervisor_pid)
+        elif session.pid != kernel_pid:
+            record["worker_replaced"] = True  # e.g. an "other" outcome that lost the worker
+        return record
+
+
+async def run_trials(bench: Bench, trials: int, log: Callable[[str], None]) -> dict[str, list[dict[str, Any]]]:
+    records: dict[str, list[dict[str, Any]]] = {case.key: [] for case in CASES}
+    for i in range(trials):
+        shift = i % len(CASES)
+        for case in CASES[shift:] + CASES[:shift]:
+            record = await bench.trial(case)
+            records[case.key].append(record)
+            flag = "" if record["outcome"] == case.expected else f"  UNEXPECTED: {record['message'][:160]}"
+            bound = "" if record["within_bound"] else "  OVER BOUND"
+            log(
+                f"  trial {i + 1}/{trials} {case.label}: {record['outcome']} {record['elapsed_ms']:.0f} ms{bound}{flag}"
+            )
+    return records
+
+
+# --------------------------------------------------------------------------- report
+
+
+def stats(values: list[float]) -> dict[str, float | int]:
+    return {
+        "n": len(values),
+        "median": percentile(values, 50),
+        "p95": percentile(values, 95),
+        "max": max(values) if values else float("nan"),
+    }
+
+
+def build_report(
+    records: dict[str, list[dict[str, Any]]], deadline_ms: int, grace_ms: int, restarts: dict[str, int]
+) -> tuple[dict[str, Any], list[str]]:
+    bound_ms = deadline_ms + grace_ms + BOUND_SLACK_MS
+    report: dict[str, Any] = {}
+    for case in CASES:
+        rows = records[case.key]
+        counts = {o: sum(r["outcome"] == o for r in rows) for o in OUTCOMES}
+        unexpected = next((r["message"] for r in rows if r["outcome"] != case.expected), None)
+        killed = [r for r in rows if r["outcome"] == KILLED]
+        elapsed = [float(r["elapsed_ms"]) for r in rows]
+        report[case.key] = {
+            "label": case.label,
+            "code": case.code,
+            "expected": case.expected,
+            "counts": counts,
+            "first_unexpected_message": unexpected,
+            "elapsed_ms": stats(elapsed),
+            "overshoot_ms": stats([float(r["overshoot_ms"]) for r in rows]),
+            "overshoot_past_grace_ms": stats([float(r["overshoot_past_grace_ms"]) for r in killed]),
+            "bound_ms": bound_ms,
+            "bound_violations": sum(not r["within_bound"] for r in rows),
+            "bound_met": bool(elapsed) and max(elapsed) <= bound_ms,
+            "killed_by": dict(Counter(str(r["killed_by"]) for r in killed)),
+            "kernel_still_running_at_return": sum(r.get("kernel_gone_at_return") is False for r in killed),
+            "worker_restarts": restarts[case.key],
+        }
+
+    n = max(len(rows) for rows in records.values())
+    lines = [
+        f"deadline_ms={deadline_ms}, interrupt_grace_ms={grace_ms}, bound = D + G + {BOUND_SLACK_MS} = {bound_ms} ms; "
+        f"{n} trials per case",
+        "overshoot = elapsed - D; past D+G = elapsed - D - G (killed trials only); all in ms",
+        "",
+    ]
+    header = (
+        f"{'case':29}{'expect':>12}{'int/kill/oth':>14}{'over med':>10}{'p95':>8}{'max':>8}"
+        f"{'D+G med':>9}{'p95':>8}{'max':>8}{'max elapsed':>13}{'bound':>8}{'viol':>6}"
+    )
+    lines += [header, "-" * len(header)]
+    for case in CASES:
+        c = report[case.key]
+        counts = "/".join(str(c["counts"][o]) for o in OUTCOMES)
+        over, past = c["overshoot_ms"], c["overshoot_past_grace_ms"]
+        past_cols = (
+            f"{past['median']:9.0f}{past['p95']:8.0f}{past['max']:8.0f}" if past["n"] else f"{'-':>9}{'-':>8}{'-':>8}"
+        )
+        lines.append(
+            f"{case.label:29}{case.expected:>12}{counts:>14}{over['median']:10.0f}{over['p95']:8.0f}{over['max']:8.0f}"
+            f"{past_cols}{c['elapsed_ms']['max']:13.0f}{'ok' if c['bound_met'] else 'MISSED':>8}"
+            f"{c['bound_violations']:6d}"
+        )
+    lines.append("")
+    for case in CASES:
+        c = report[case.key]
+        notes = []
+        if c["killed_by"]:
+            notes.append("killed by " + ", ".join(f"{who} x{k}" for who, k in sorted(c["killed_by"].items())))
+        if c["kernel_still_running_at_return"]:
+            notes.append(f"old kernel still running at return x{c['kernel_still_running_at_return']}")
+        if c["first_unexpected_message"] is not None:
+            notes.append(f"first unexpected message: {c['first_unexpected_message'][:300]}")
+        if notes:
+            lines.append(f"{case.label}: " + "; ".join(notes))
+    total_violations = sum(report[case.key]["bound_violations"] for case in CASES)
+    lines.append(f"bound violations (elapsed > {bound_ms} ms): {total_violations}")
+    return report, lines
+
+
+# --------------------------------------------------------------------------- main
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--trials", type=int, default=50, help="timed calls per case (default 50)")
+    p.add_argument("--deadline-ms", type=int, default=1000, help="WorkerConfig.deadline_ms (default 1000)")
+    p.add_argument("--grace-ms", type=int, default=500, help="WorkerConfig.interrupt_grace_ms (default 500)")
+    p.add_argument("--quick", action="store_true", help="smoke mode: 5 trials per case")
+    p.add_argument("--results-dir", type=Path, default=DEFAULT_RESULTS_DIR, help="where the JSON file goes")
+    p.add_argument("--strict", action="store_true", help="exit 1 on a bound violation or an unexpected outcome")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.trials = 5
+    if args.trials < 1:
+        p.error("--trials must be at least 1")
+    return args
+
+
+def run(args: argparse.Namespace, root: Path, log: Callable[[str], None], captured: Path) -> int:
+    started = datetime.now(UTC)
+    folders = isolate_jupyter(root)
+    load_before = os.getloadavg()
+    t_run = time.monotonic()
+    log(f"{len(CASES)} cases x {args.trials} trials, deadline {args.deadline_ms} ms, grace {args.grace_ms} ms")
+
+    async def go() -> tuple[dict[str, list[dict[str, Any]]], dict[str, int]]:
+        bench = Bench(root, args.deadline_ms, args.grace_ms, log)
+        try:
+            return await run_trials(bench, args.trials, log), bench.restarts
+        finally:
+            await bench.close()
+
+    records, restarts = asyncio.run(go())
+    report, lines = build_report(records, args.deadline_ms, args.grace_ms, restarts)
+    env = environment_info()
+    load_after = os.getloadavg()
+    duration = time.monotonic() - t_run
+    print(
+        f"ivralo deadline precision: {env['cpu_count']} CPUs, Python {env['python']}, "
+        f"load avg {load_before[0]:.2f} -> {load_after[0]:.2f}, {duration:.0f} s\n"
+    )
+    print("\n".join(lines))
+    record = {
+        "benchmark": "deadline_precision",
+        "started_at": started.isoformat(),
+        "duration_s": round(duration, 1),
+        "params": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "environment": {**env, "loadavg_before": load_before, "loadavg_after": load_after},
+        "jupyter_folders": folders,
+        "summary": report,
+        "samples": records,
+        "captured_stderr": captured_lines(captured)[:200],  # the host's warnings, workers' stderr
+    }
+    args.results_dir.mkdir(parents=True, exist_ok=True)
+    out = args.results_dir / f"deadline_precision-{started.strftime('%Y%m%dT%H%M%SZ')}.json"
+    out.write_text(json.dumps(record, indent=1, default=str) + "\n", encoding="utf-8")
+    print(f"\nresults: {out}")
+    print(
+        f"stderr of the workers and the host: {len(record['captured_stderr'])} lines besides TCP warnings (in the JSON)"
+    )
+    bad = any(c["bound_violations"] or c["first_unexpected_message"] is not None for c in report.values())
+    return 1 if (args.strict and bad) else 0
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)  # so that the finally blocks stop the workers
+
+
+@contextlib.contextmanager
+def stderr_to(path: Path) -> Iterator[TextIO]:
+    """Send fd 2 (the workers inherit it; the host's logging writes to it) into ``path``; yield a
+    stream on the original stderr for progress lines."""
+    saved = os.dup(2)
+    sys.stderr.flush()
+    with path.open("ab") as sink:
+        os.dup2(sink.fileno(), 2)
+    try:
+        with os.fdopen(os.dup(saved), "w", buffering=1) as terminal:
+            yield terminal
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def captured_lines(path: Path) -> list[str]:
+    """What the workers and the host wrote to stderr, without ipykernel's per-start TCP warning."""
+    if not path.is_file():
+        return []
+    return [line for line in path.read_text(errors="replace").splitlines() if KNOWN_KERNEL_NOISE not in line]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    root = Path(tempfile.mkdtemp(prefix="ivralo-bench-deadline-"))
+    captured = root / KERNEL_LOG
+    exit_code = 1
+    with stderr_to(captured) as terminal:
+
+        def log(message: str) -> None:
+            print(message, file=terminal, flush=True)
+
+        try:
+            exit_code = run(args, root, log, captured)
+        except BaseException:
+            tail = "\n".join(captured_lines(captured)[-40:])
+            log(f"--- end of the workers' and host's stderr ---\n{tail}")
+            for worker_log in sorted((root / "workspaces").glob("*/.ivralo/*.log")):
+                tail = "\n".join(worker_log.read_text(errors="replace").splitlines()[-20:])
+                log(f"--- end of {worker_log.relative_to(root)} ---\n{tail}")
+            raise
+        finally:
+            if reap_children(log):
+                exit_code = 1
+            shutil.rmtree(root, ignore_errors=True)
+    return exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

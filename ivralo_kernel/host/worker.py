@@ -1,0 +1,131 @@
+"""[host] ``Worker``: one started, ready kernel, with the manager and client that reach it.
+
+Ready means the kernel's ``kernel_info_reply`` carries the ``ivralo`` section (pid, bootstrap
+time): a process that is up but not answering is not a worker yet. A start that does not get there
+within ``bootstrap_timeout_ms`` is killed and explained (``WorkerBootstrapError``).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from jupyter_client.asynchronous.client import AsyncKernelClient
+
+from ivralo_kernel.host.config import WorkerConfig
+from ivralo_kernel.host.manager import IvraloKernelManager
+from ivralo_kernel.host.processes import tree_of
+from ivralo_kernel.host.watchdog import Watchdog
+from ivralo_kernel.host.worker_log import last_start_failure
+from ivralo_kernel.protocol import WorkerBootstrapError, names
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    workspace: str
+    config: WorkerConfig
+    role: str = names.ROLE_SPECIALIST
+    python: str | None = None
+
+    def provisioner_config(self) -> dict[str, Any]:
+        c = self.config
+        settings: dict[str, Any] = {
+            "workspace": self.workspace,
+            "role": self.role,
+            "deadline_ms": c.deadline_ms,
+            "interrupt_before_kill": c.interrupt_before_kill,
+            "interrupt_grace_ms": c.interrupt_grace_ms,
+            "observer_poll_ms": c.observer_poll_ms,
+            "stall_window_ms": c.stall_window_ms,
+        }
+        optional = {
+            "memory_limit_bytes": c.memory_limit_bytes,
+            "rlimit_nofile": c.rlimit_nofile,
+            "memory_soft_limit_bytes": c.memory_soft_limit_bytes,
+            "memory_hard_limit_bytes": c.memory_hard_limit_bytes,
+        }
+        settings.update({k: v for k, v in optional.items() if v})
+        return settings
+
+
+class Worker:
+    def __init__(self, km: IvraloKernelManager, kc: AsyncKernelClient, kernel_info: dict[str, Any]) -> None:
+        self.km, self.kc, self.kernel_info = km, kc, kernel_info
+        self.last_used = time.monotonic()
+        self.busy = False  # a call is in flight: never swept as idle
+        self.retired: str | None = None  # why the pool ended it (idle, pool closed), if it did
+
+    @classmethod
+    async def start(cls, settings: WorkerSettings) -> Worker:
+        km = IvraloKernelManager.for_settings(python=settings.python, **settings.provisioner_config())
+        await km.start_kernel(cwd=settings.workspace)
+        kc = km.client()
+        kc.start_channels()
+        budget_ms = settings.config.bootstrap_timeout_ms
+        deadline = time.monotonic() + budget_ms / 1000
+        try:
+            await kc.wait_for_ready(timeout=budget_ms / 1000)
+            reply = await kc.kernel_info(reply=True, timeout=max(0.1, deadline - time.monotonic()))
+            section = reply["content"].get(names.KERNEL_INFO_SECTION) or {}
+            if not section.get("pid") or section.get("bootstrap_ms") is None:
+                raise RuntimeError("its kernel_info_reply has no ivralo section: this is not an ivralo kernel")
+        except (RuntimeError, TimeoutError) as exc:
+            raise await cls(km, kc, {})._bootstrap_failed(settings, exc) from None
+        return cls(km, kc, reply["content"])
+
+    async def _bootstrap_failed(self, settings: WorkerSettings, exc: BaseException) -> WorkerBootstrapError:
+        """Kill the half-started worker and say why it did not come up, and where to read more."""
+        budget_ms = settings.config.bootstrap_timeout_ms
+        supervisor = self.supervisor_pid
+        kernel = tree_of(supervisor)[1:2] if supervisor else []
+        diagnosis = self.watchdog.observer.boot_diagnosis() if self.watchdog else "not observed"
+        died = not await self.km.is_alive()
+        started = time.time()
+        await self.stop()  # the supervisor records the last stage and the stderr tail
+        log = Path(settings.workspace) / names.WORKER_LOG
+        stage, tail = last_start_failure(log, since=started - budget_ms / 1000 - 5)
+        why = f"it exited: {exc}" if died else f"no ivralo kernel_info_reply within the bootstrap budget; {diagnosis}"
+        return WorkerBootstrapError(
+            f"ivralo worker pid={kernel[0] if kernel else '?'} (supervisor {supervisor}) did not become ready "
+            f"within {budget_ms} ms ({why}); last stage: {stage}; stderr tail: {tail or '(empty)'}. "
+            f"Details in {log}. If the machine is just slow, raise WorkerConfig.bootstrap_timeout_ms."
+        )
+
+    @property
+    def pid(self) -> int | None:
+        """The kernel process (not the supervisor)."""
+        pid = (self.kernel_info.get(names.KERNEL_INFO_SECTION) or {}).get("pid")
+        return int(pid) if pid else None
+
+    @property
+    def supervisor_pid(self) -> int | None:
+        return getattr(self.km.provisioner, "pid", None)
+
+    @property
+    def watchdog(self) -> Watchdog | None:
+        return getattr(self.km.provisioner, "watchdog", None)
+
+    def exit_status(self) -> int | None:
+        process = getattr(self.km.provisioner, "process", None)
+        return process.poll() if process is not None else None
+
+    async def is_alive(self) -> bool:
+        return bool(await self.km.is_alive())
+
+    async def kill(self) -> None:
+        """End the whole tree now (no shutdown request, no grace)."""
+        if self.km.provisioner is not None:
+            await self.km.provisioner.kill()
+
+    async def stop(self) -> None:
+        """Kill the tree, then release the sockets. Never waits on the threads reading from it."""
+        try:
+            if await self.km.is_alive():
+                await self.km.shutdown_kernel(now=True)
+            else:
+                await self.km.cleanup_resources()
+        except Exception:  # noqa: BLE001 - teardown must finish; the tree is killed below anyway
+            await self.kill()
+        self.kc.stop_channels()

@@ -1,0 +1,168 @@
+"""JupyterLab's path: jupyter_server starts the kernelspec (and so the provisioner), the browser
+talks over the kernel websocket. A cell sent that way is held to its deadline too."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+import websocket
+
+from ivralo_kernel.cli.install import install
+
+TOKEN = uuid.uuid4().hex
+DEADLINE_MS, GRACE_MS = 1500, 700
+BOUND_S = (DEADLINE_MS + GRACE_MS + 250) / 1000 + 0.75  # + liveness slack for a loaded machine
+INTERRUPTED = f"interrupted: exceeded deadline_ms={DEADLINE_MS}; namespace preserved (partial side effects possible)"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    prefix = Path(os.environ["JUPYTER_PATH"]).parents[1]
+    install(
+        prefix=str(prefix),
+        name="ivralo-deadline",
+        provisioner_config={
+            "deadline_ms": DEADLINE_MS,
+            "interrupt_grace_ms": GRACE_MS,
+        },
+    )
+    root = tmp_path_factory.mktemp("server-root")
+    port = free_port()
+    log = open(root / "server.log", "w")  # noqa: SIM115 - closed below
+    cmd = [
+        sys.executable,
+        "-m",
+        "jupyter_server",
+        "--ServerApp.ip=127.0.0.1",
+        f"--ServerApp.port={port}",
+        "--ServerApp.port_retries=0",
+        f"--IdentityProvider.token={TOKEN}",
+        f"--ServerApp.root_dir={root}",
+        "--ServerApp.allow_root=True",
+        "--ServerApp.open_browser=False",
+    ]
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, (root / "server.log").read_text()
+            try:
+                if requests.get(f"{url}/api/status", headers=auth(), timeout=2).status_code == 200:
+                    break
+            except requests.ConnectionError:
+                pass
+            assert time.monotonic() < deadline, "jupyter_server did not come up"
+            time.sleep(0.05)
+        yield url
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.close()
+
+
+def auth() -> dict[str, str]:
+    return {"Authorization": f"token {TOKEN}"}
+
+
+class Browser:
+    """What JupyterLab's kernel connection does, over the same websocket."""
+
+    def __init__(self, url: str, kernel_id: str) -> None:
+        ws_url = url.replace("http", "ws") + f"/api/kernels/{kernel_id}/channels"
+        self.ws = websocket.create_connection(ws_url, header=[f"Authorization: token {TOKEN}"], timeout=30)
+        self.session = uuid.uuid4().hex
+
+    def execute(self, code: str, timeout: float = 30) -> tuple[dict[str, Any], list[dict[str, Any]], float]:
+        msg_id = uuid.uuid4().hex
+        header = {
+            "msg_id": msg_id,
+            "msg_type": "execute_request",
+            "username": "browser",
+            "session": self.session,
+            "version": "5.4",
+            "date": datetime.now(timezone.utc).isoformat(),
+        }
+        content = {
+            "code": code,
+            "silent": False,
+            "store_history": True,
+            "user_expressions": {},
+            "allow_stdin": False,
+            "stop_on_error": True,
+        }
+        start = time.monotonic()
+        self.ws.send(
+            json.dumps(
+                {
+                    "header": header,
+                    "parent_header": {},
+                    "metadata": {},
+                    "content": content,
+                    "channel": "shell",
+                    "buffers": [],
+                }
+            )
+        )
+        outputs: list[dict[str, Any]] = []
+        reply: dict[str, Any] = {}
+        idle = False
+        while not (idle and reply):
+            assert time.monotonic() - start < timeout, f"no answer for {code!r}; got {outputs}"
+            msg = json.loads(self.ws.recv())
+            if msg.get("parent_header", {}).get("msg_id") != msg_id:
+                outputs.append(msg) if msg["msg_type"] == "status" else None
+                continue
+            if msg["msg_type"] == "execute_reply":
+                reply = msg
+            elif msg["msg_type"] == "status":
+                idle = msg["content"]["execution_state"] == "idle"
+            elif msg["msg_type"] != "execute_input":
+                outputs.append(msg)
+        return reply, outputs, time.monotonic() - start
+
+    def close(self) -> None:
+        self.ws.close()
+
+
+def test_browser_execution_is_cut_at_its_deadline(server: str) -> None:
+    created = requests.post(f"{server}/api/kernels", json={"name": "ivralo-deadline"}, headers=auth(), timeout=30)
+    assert created.status_code == 201, created.text
+    kernel_id = created.json()["id"]
+    browser = Browser(server, kernel_id)
+    try:
+        reply, _, _ = browser.execute("x = 41")
+        assert reply["content"]["status"] == "ok"
+        reply, outputs, elapsed = browser.execute("while True: pass")
+        assert reply["content"]["status"] == "error"
+        errors = [o for o in outputs if o["msg_type"] == "error"]
+        assert errors and errors[0]["content"]["traceback"] == [INTERRUPTED], "the cell shows why it stopped"
+        assert DEADLINE_MS / 1000 <= elapsed <= BOUND_S, elapsed
+        reply, outputs, _ = browser.execute("print(x + 1)")
+        assert [o["content"]["text"] for o in outputs if o["msg_type"] == "stream"] == ["42\n"]
+    finally:
+        browser.close()
+        requests.delete(f"{server}/api/kernels/{kernel_id}", headers=auth(), timeout=30)
