@@ -12,7 +12,7 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +47,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     )
     root = tmp_path_factory.mktemp("server-root")
     port = free_port()
-    log = open(root / "server.log", "w")  # noqa: SIM115 - closed below
+    log = open(root / "server.log", "w")
     cmd = [
         sys.executable,
         "-m",
@@ -104,7 +104,7 @@ class Browser:
             "username": "browser",
             "session": self.session,
             "version": "5.4",
-            "date": datetime.now(timezone.utc).isoformat(),
+            "date": datetime.now(UTC).isoformat(),
         }
         content = {
             "code": code,
