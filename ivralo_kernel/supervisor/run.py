@@ -210,7 +210,10 @@ def main(argv: list[str] | None = None) -> int:
         for pid, status in tree.reap_children():
             if pid == kernel:
                 kernel_status = status
-        if received & {SIGNAL_KILL_NOW, SIGNAL_PARENT_DIED} or os.getppid() != parent:
+        # The parent-death signal also fires when the *thread* that started us exits while the host
+        # process lives on (jupyter_client may launch from a runner thread): only a changed
+        # getppid() means the host is gone.
+        if SIGNAL_KILL_NOW in received or os.getppid() != parent:
             stopped_by = "was stopped by the host" if SIGNAL_KILL_NOW in received else "lost its host"
             break
         if received & {signal.SIGTERM, signal.SIGQUIT} and term_deadline is None:
