@@ -22,9 +22,10 @@ killed cases this is where the fresh worker's start-up goes). Trials are interle
 Reported per case: outcome counts (interrupted / killed / other, with the first unexpected message),
 overshoot past D (elapsed - D) as median, p95, max; for the killed cases also overshoot past D + G;
 and the promised bound: every call answered within D + G + 250 ms (max elapsed and violations).
-For killed trials, who ended the tree is noted: the host-side watchdog (its ``loss`` is set) or
-otherwise the supervisor's backstop, and whether the old kernel process was gone when ``run``
-returned.
+For killed trials, who ended the tree is noted: the supervisor's backstop (it announces itself on
+the worker's stderr, which this script captures) or else the host-side watchdog (its ``loss`` is
+set); and, from polling both pids every 10 ms during the call, when the kernel and the supervisor
+were gone, so that the time the session then took to return shows.
 
 Run: ``.venv/bin/python bench/deadline_precision.py`` (``--quick`` for 5 trials per case). A JSON file
 with every sample goes to ``bench/results/deadline_precision-<timestamp>.json``.
@@ -63,6 +64,9 @@ INTERRUPTED, KILLED, OTHER = "interrupted", "killed", "other"
 OUTCOMES = (INTERRUPTED, KILLED, OTHER)
 BOUND_SLACK_MS = 250  # the promise: answered within deadline + grace + 250 ms
 MESSAGE_CHARS = 600  # how much of each error message goes into the JSON
+# What the supervisor prints to stderr when its backstop ends the tree (ivralo_kernel/supervisor/run.py).
+BACKSTOP_ANNOUNCEMENT = "ivralo supervisor: the running cell outlived its deadline and grace"
+EXIT_POLL_S = 0.01  # killed cases: how often the processes are checked during the timed call
 
 
 @dataclass(frozen=True)
@@ -110,18 +114,28 @@ def process_gone(pid: int | None) -> bool | None:
         return True
 
 
+async def watch_exits(pids: dict[str, int | None], t0: float, ended: dict[str, float]) -> None:
+    """Fill ``ended[name]`` with the ms after ``t0`` at which each process was first seen gone."""
+    while len(ended) < len(pids):
+        for name, pid in pids.items():
+            if name not in ended and process_gone(pid):
+                ended[name] = (time.monotonic() - t0) * 1000
+        await asyncio.sleep(EXIT_POLL_S)
+
+
 class Bench:
-    def __init__(self, root: Path, deadline_ms: int, grace_ms: int, log: Callable[[str], None]) -> None:
+    def __init__(self, root: Path, deadline_ms: int, grace_ms: int, captured: Path, log: Callable[[str], None]) -> None:
         from ivralo_kernel.host import Session, WorkerConfig
 
         self.deadline_ms, self.grace_ms, self.log = deadline_ms, grace_ms, log
+        self.captured = captured  # the workers' stderr: the supervisor announces its backstop kill there
         config = WorkerConfig(deadline_ms=deadline_ms, interrupt_grace_ms=grace_ms)
         self.sessions: dict[str, Session] = {}
         for case in CASES:
             workspace = root / "workspaces" / case.key
             workspace.mkdir(parents=True)
             self.sessions[case.key] = Session(workspace=workspace, config=config)
-        self.restarts: dict[str, int] = {case.key: 0 for case in CASES}
+        self.worker_starts: dict[str, int] = {case.key: 0 for case in CASES}
 
     async def close(self) -> None:
         for session in self.sessions.values():
@@ -135,15 +149,27 @@ class Bench:
         if result != "":
             raise RuntimeError(f"{case.label}: the untimed 'pass' failed: {result!r}")
         if session.pid != before:
-            self.restarts[case.key] += 1
+            self.worker_starts[case.key] += 1
 
     async def trial(self, case: Case) -> dict[str, Any]:
         await self.warm(case)
         session = self.sessions[case.key]
         kernel_pid, supervisor_pid, watchdog = session.pid, session.supervisor_pid, session.watchdog
+        ended: dict[str, float] = {}
+        stderr_offset = self.captured.stat().st_size if self.captured.is_file() else 0
         t0 = time.monotonic()
-        result = await session.run(case.code)
-        elapsed_ms = (time.monotonic() - t0) * 1000
+        watcher = None
+        if case.expected == KILLED:
+            pids = {"kernel": kernel_pid, "supervisor": supervisor_pid}
+            watcher = asyncio.create_task(watch_exits(pids, t0, ended))
+        try:
+            result = await session.run(case.code)
+            elapsed_ms = (time.monotonic() - t0) * 1000
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watcher
         outcome, message = classify(result, self.deadline_ms)
         record: dict[str, Any] = {
             "outcome": outcome,
@@ -155,9 +181,21 @@ class Bench:
             "message": message[:MESSAGE_CHARS],
         }
         if outcome == KILLED:
-            record["killed_by"] = "host watchdog" if watchdog is not None and watchdog.loss else "supervisor backstop"
+            with self.captured.open("rb") as f:
+                f.seek(stderr_offset)
+                backstop = BACKSTOP_ANNOUNCEMENT in f.read().decode(errors="replace")
+            watchdog_loss = watchdog is not None and watchdog.loss is not None
+            record["backstop_announced"], record["watchdog_loss_set"] = backstop, watchdog_loss
+            # The supervisor prints its announcement before it kills, so it wins when both acted.
+            record["killed_by"] = "supervisor backstop" if backstop else "host watchdog" if watchdog_loss else "unknown"
             record["kernel_gone_at_return"] = process_gone(kernel_pid)
             record["supervisor_gone_at_return"] = process_gone(supervisor_pid)
+            # When each process was seen gone (ms after the call; EXIT_POLL_S resolution), and how long
+            # the session took from the kernel's end to returning (noticing the loss, cleaning up).
+            record["kernel_ended_ms"] = ended.get("kernel")
+            record["supervisor_ended_ms"] = ended.get("supervisor")
+            if "supervisor" in ended:
+                record["return_after_supervisor_end_ms"] = elapsed_ms - ended["supervisor"]
         elif session.pid != kernel_pid:
             record["worker_replaced"] = True  # e.g. an "other" outcome that lost the worker
         return record
@@ -191,7 +229,7 @@ def stats(values: list[float]) -> dict[str, float | int]:
 
 
 def build_report(
-    records: dict[str, list[dict[str, Any]]], deadline_ms: int, grace_ms: int, restarts: dict[str, int]
+    records: dict[str, list[dict[str, Any]]], deadline_ms: int, grace_ms: int, worker_starts: dict[str, int]
 ) -> tuple[dict[str, Any], list[str]]:
     bound_ms = deadline_ms + grace_ms + BOUND_SLACK_MS
     report: dict[str, Any] = {}
@@ -215,7 +253,7 @@ def build_report(
             "bound_met": bool(elapsed) and max(elapsed) <= bound_ms,
             "killed_by": dict(Counter(str(r["killed_by"]) for r in killed)),
             "kernel_still_running_at_return": sum(r.get("kernel_gone_at_return") is False for r in killed),
-            "worker_restarts": restarts[case.key],
+            "worker_starts": worker_starts[case.key],
         }
 
     n = max(len(rows) for rows in records.values())
@@ -248,15 +286,50 @@ def build_report(
         notes = []
         if c["killed_by"]:
             notes.append("killed by " + ", ".join(f"{who} x{k}" for who, k in sorted(c["killed_by"].items())))
+        notes.append(f"workers started: {c['worker_starts']}")
         if c["kernel_still_running_at_return"]:
             notes.append(f"old kernel still running at return x{c['kernel_still_running_at_return']}")
         if c["first_unexpected_message"] is not None:
             notes.append(f"first unexpected message: {c['first_unexpected_message'][:300]}")
         if notes:
             lines.append(f"{case.label}: " + "; ".join(notes))
+    lines += killed_breakdown(records, bound_ms)
     total_violations = sum(report[case.key]["bound_violations"] for case in CASES)
     lines.append(f"bound violations (elapsed > {bound_ms} ms): {total_violations}")
     return report, lines
+
+
+def killed_breakdown(records: dict[str, list[dict[str, Any]]], bound_ms: int) -> list[str]:
+    """Killed trials by who ended the tree: when the kernel was seen gone, and when run() returned."""
+    header = (
+        f"{'killed trials: case / ended by':50}{'n':>4}{'kernel gone med':>17}{'max':>7}{'superv. gone':>14}{'max':>7}"
+        f"{'returned':>10}{'max':>7}{'ret-superv.':>13}{'max':>7}{'viol':>6}"
+    )
+    lines = ["", header, "-" * len(header)]
+    for case in CASES:
+        groups: dict[str, list[dict[str, Any]]] = {}
+        for r in records[case.key]:
+            if r["outcome"] == KILLED:
+                groups.setdefault(str(r["killed_by"]), []).append(r)
+        for who, rows in sorted(groups.items()):
+
+            def cols(key: str, width: int, rows: list[dict[str, Any]] = rows) -> str:
+                values = [float(r[key]) for r in rows if r.get(key) is not None]
+                if not values:
+                    return f"{'-':>{width}}{'-':>7}"
+                return f"{percentile(values, 50):{width}.0f}{max(values):7.0f}"
+
+            violations = sum(float(r["elapsed_ms"]) > bound_ms for r in rows)
+            label = f"{case.label} / {who}"
+            lines.append(
+                f"{label:50}{len(rows):4d}{cols('kernel_ended_ms', 17)}{cols('supervisor_ended_ms', 14)}"
+                f"{cols('elapsed_ms', 10)}{cols('return_after_supervisor_end_ms', 13)}{violations:6d}"
+            )
+    lines.append(
+        f"(medians and max, ms after the call; processes polled every {EXIT_POLL_S * 1000:.0f} ms; "
+        "ret-superv. = returned - supervisor gone)"
+    )
+    return lines
 
 
 # --------------------------------------------------------------------------- main
@@ -286,14 +359,14 @@ def run(args: argparse.Namespace, root: Path, log: Callable[[str], None], captur
     log(f"{len(CASES)} cases x {args.trials} trials, deadline {args.deadline_ms} ms, grace {args.grace_ms} ms")
 
     async def go() -> tuple[dict[str, list[dict[str, Any]]], dict[str, int]]:
-        bench = Bench(root, args.deadline_ms, args.grace_ms, log)
+        bench = Bench(root, args.deadline_ms, args.grace_ms, captured, log)
         try:
-            return await run_trials(bench, args.trials, log), bench.restarts
+            return await run_trials(bench, args.trials, log), bench.worker_starts
         finally:
             await bench.close()
 
-    records, restarts = asyncio.run(go())
-    report, lines = build_report(records, args.deadline_ms, args.grace_ms, restarts)
+    records, worker_starts = asyncio.run(go())
+    report, lines = build_report(records, args.deadline_ms, args.grace_ms, worker_starts)
     env = environment_info()
     load_after = os.getloadavg()
     duration = time.monotonic() - t_run

@@ -166,3 +166,32 @@ def test_browser_execution_is_cut_at_its_deadline(server: str) -> None:
     finally:
         browser.close()
         requests.delete(f"{server}/api/kernels/{kernel_id}", headers=auth(), timeout=30)
+
+
+def test_a_kill_answers_the_cell_and_replaces_the_kernel_without_a_restart(server: str) -> None:
+    """Native code ignoring SIGINT is killed at deadline + grace. The cell still gets its answer
+    (why, and that the variables are gone), the kernel is replaced in place, and jupyter_server's
+    restarter never sees a death: no "restarting", no count toward its restart limit."""
+    created = requests.post(f"{server}/api/kernels", json={"name": "ivralo-deadline"}, headers=auth(), timeout=30)
+    kernel_id = created.json()["id"]
+    browser = Browser(server, kernel_id)
+    try:
+        browser.execute("x = 41")
+        reply, outputs, elapsed = browser.execute("import time\ntime.sleep(0.2)\nsum(range(10**11))")
+        assert elapsed <= BOUND_S + 2, elapsed  # + the time for the browser's sockets to reconnect
+        assert reply["content"]["status"] == "error"
+        errors = [o["content"]["traceback"][0] for o in outputs if o["msg_type"] == "error"]
+        assert len(errors) == 1
+        assert errors[0].startswith(
+            f"ivralo ended this cell's kernel (timeout: execution exceeded deadline_ms={DEADLINE_MS}; observer: "
+        )
+        assert errors[0].endswith("All variables were lost; a fresh kernel is running now: re-run the cells you need.")
+        states = [o["content"]["execution_state"] for o in outputs if o["msg_type"] == "status"]
+        assert "restarting" not in states and "dead" not in states
+        reply, outputs, _ = browser.execute("print('fresh', 'x' in dir())", timeout=60)
+        assert [o["content"]["text"] for o in outputs if o["msg_type"] == "stream"] == ["fresh False\n"]
+        model = requests.get(f"{server}/api/kernels/{kernel_id}", headers=auth(), timeout=10).json()
+        assert model["execution_state"] != "dead"
+    finally:
+        browser.close()
+        requests.delete(f"{server}/api/kernels/{kernel_id}", headers=auth(), timeout=30)

@@ -19,11 +19,13 @@ import time
 from typing import Any
 
 import psutil
+from jupyter_client.launcher import launch_kernel
 from jupyter_client.provisioning.local_provisioner import LocalProvisioner
 from traitlets import Bool, Int, Unicode, validate
 
+from ivralo_kernel.host.announce import answer_lost_execution
 from ivralo_kernel.host.escalation import DeadlinePolicy
-from ivralo_kernel.host.watchdog import Watchdog, WatchdogSettings
+from ivralo_kernel.host.watchdog import Loss, Watchdog, WatchdogSettings
 from ivralo_kernel.protocol import KernelPolicy, database_env_names, names, scrub
 
 # How long the supervisor gets to end the tree after being asked, before we SIGKILL what we see.
@@ -59,9 +61,19 @@ class IvraloProvisioner(LocalProvisioner):  # type: ignore[misc]
     memory_hard_limit_bytes = Int(0, config=True, help="Tree RSS at which the tree is killed, in bytes. 0: none.")
     observer_poll_ms = Int(500, config=True, help="How often the process tree is sampled, in ms.")
     stall_window_ms = Int(5_000, config=True, help="CPU flat this long while busy: the verdict is 'stalled'.")
+    replace_killed_kernel = Bool(
+        True,
+        config=True,
+        help="After the watchdog kills a kernel (deadline, memory), answer the cell it was running with "
+        "the reason and start a fresh kernel on the same ports, so the host's restarter does not count "
+        "a death. Off for hosts that replace workers themselves (the agent Session).",
+    )
 
     policy_file: str | None = None
     watchdog: Watchdog | None = None
+    replacements = 0  # kernels replaced after a kill, over this provisioner's life
+    _launch_args: tuple[list[str], dict[str, Any]] | None = None
+    _replacing = False
 
     @validate("role")
     def _valid_role(self, proposal: Any) -> str:
@@ -120,13 +132,54 @@ class IvraloProvisioner(LocalProvisioner):  # type: ignore[misc]
         os.chmod(path, stat.S_IRUSR)  # the kernel reads it; nothing should rewrite it
         return path
 
+    async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> Any:
+        self._launch_args = (list(cmd), LocalProvisioner._scrub_kwargs(kwargs))
+        return await super().launch_kernel(cmd, **kwargs)
+
     async def post_launch(self, **kwargs: Any) -> None:
         await super().post_launch(**kwargs)
-        if self.process is not None:
-            self.watchdog = Watchdog(
-                dict(self.connection_info), self.process.pid, self.watchdog_settings(), self.kill_tree_now, self.log
+        self._start_watchdog()
+
+    def _start_watchdog(self) -> None:
+        process = self.process
+        if process is None:
+            return
+        self.watchdog = Watchdog(
+            dict(self.connection_info),
+            process.pid,
+            self.watchdog_settings(),
+            self.kill_tree_now,
+            self.log,
+            exit_status=process.poll,
+            on_loss=self._after_loss,
+        )
+        self.watchdog.start()
+
+    async def poll(self) -> int | None:
+        if self._replacing:  # between the kill and the relaunch the kernel is not dead, it is being replaced
+            return None
+        return await super().poll()
+
+    def _after_loss(self, loss: Loss) -> None:
+        """(watchdog thread) Tell the killed cell why, then put a fresh kernel on the same ports."""
+        if not self.replace_killed_kernel or self._launch_args is None:
+            return
+        self._replacing = True
+        try:
+            text = (
+                f"ivralo ended this cell's kernel ({loss.cause}; {loss.observer}). All variables were lost; "
+                "a fresh kernel is running now: re-run the cells you need."
             )
-            self.watchdog.start()
+            if loss.parent:
+                answer_lost_execution(dict(self.connection_info), loss.parent, loss.requester, text)
+            cmd, kwargs = self._launch_args
+            self.process = launch_kernel(cmd, **kwargs)
+            self.pid = self.pgid = self.process.pid  # a session leader: pid = pgid
+            self.replacements += 1
+            self.log.warning("ivralo: replaced the kernel after %s (%d so far)", loss.cause, self.replacements)
+            self._start_watchdog()
+        finally:
+            self._replacing = False
 
     def kill_tree_now(self) -> None:
         """End the kernel's whole tree, from any thread: ask the supervisor, then SIGKILL what is left.

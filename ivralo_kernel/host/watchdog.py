@@ -42,6 +42,8 @@ class Loss:
     cause: str  # "timeout: ..." or "memory: ..."
     observer: str  # the observer's one-line description at the moment of the kill
     msg_id: str | None
+    parent: dict[str, Any] | None = None  # the header of the execution that was running, if seen
+    requester: tuple[bytes, ...] = ()  # its shell routing identity, as the kernel reported it
 
 
 @dataclass(frozen=True)
@@ -62,11 +64,17 @@ class Watchdog:
         kill_tree: Callable[[], None],
         log: logging.Logger | logging.LoggerAdapter[Any] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        exit_status: Callable[[], int | None] | None = None,
+        on_loss: Callable[[Loss], None] | None = None,
     ) -> None:
         self.settings = settings
         self.root_pid = root_pid
         self._info = connection_info
         self._kill_tree = kill_tree
+        self._exit_status = exit_status or (lambda: None)
+        self._on_loss = on_loss
+        self.running: OrderedDict[str, dict[str, Any]] = OrderedDict()  # msg_id -> request header
+        self._requesters: dict[str, tuple[bytes, ...]] = {}
         self._log = log or logging.getLogger(__name__)
         self._clock = clock
         self.observer = Observer(root_pid, settings.stall_window_ms, clock)
@@ -146,6 +154,7 @@ class Watchdog:
                 if now >= next_sample:
                     next_sample = now + poll_s
                     self._check_memory()
+                    self._check_exit()
                 self._advance(now, control)
         except Exception:  # noqa: BLE001 - a watchdog that dies silently is worse than a logged one
             self._log.exception("ivralo watchdog for pid %s stopped", self.root_pid)
@@ -180,12 +189,16 @@ class Watchdog:
             return
         with self._lock:
             if state == "busy":
+                self.running[msg_id] = parent
+                self._requesters[msg_id] = _requester(msg)
                 self.observer.busy = True
                 if self.settings.deadline is not None:
                     self.escalations[msg_id] = Escalation(self.settings.deadline, started_at=now)
                     while len(self.escalations) > KEEP_OUTCOMES:
                         self.escalations.popitem(last=False)
             elif state == "idle":
+                self.running.pop(msg_id, None)
+                self._requesters.pop(msg_id, None)
                 self.observer.busy = False
                 if msg_id in self.escalations:
                     self.escalations[msg_id].on_idle(now)
@@ -272,7 +285,32 @@ class Watchdog:
             elif sample.rss <= soft:
                 self._soft_episode = False
 
+    def _check_exit(self) -> None:
+        """The supervisor's own deadline backstop ended the tree (it exits 124): that is a loss too,
+        of the execution we saw running, if any."""
+        if self._exit_status() == names.DEADLINE_EXIT_STATUS and self.settings.deadline is not None:
+            msg_id = next(reversed(self.running), None)
+            self._record_loss(msg_id, self._timeout_cause())
+
     def _kill(self, msg_id: str | None, cause: str) -> None:
-        self.loss = Loss(cause, self.observer.describe(), msg_id)
-        self._log.warning("ivralo: ending the kernel's process tree (%s; %s)", cause, self.loss.observer)
+        self._log.warning("ivralo: ending the kernel's process tree (%s; %s)", cause, self.observer.describe())
+        loss = self._record_loss(msg_id, cause, announce=False)
         self._kill_tree()
+        if self._on_loss is not None:
+            self._on_loss(loss)
+
+    def _record_loss(self, msg_id: str | None, cause: str, announce: bool = True) -> Loss:
+        msg_id = msg_id or next(reversed(self.running), None)  # a memory kill: what was running
+        key = msg_id or ""
+        self.loss = Loss(cause, self.observer.describe(), msg_id, self.running.get(key), self._requesters.get(key, ()))
+        if announce and self._on_loss is not None:
+            self._on_loss(self.loss)
+        return self.loss
+
+
+def _requester(msg: dict[str, Any]) -> tuple[bytes, ...]:
+    raw = (msg.get("metadata") or {}).get(names.KERNEL_INFO_SECTION, {}).get(names.META_REQUESTER, [])
+    try:
+        return tuple(bytes.fromhex(part) for part in raw if isinstance(part, str))
+    except ValueError:
+        return ()

@@ -177,11 +177,25 @@ class IvraloKernel(IPythonKernel):
         self.session.send(stream, msg_type, content, parent, ident)
 
     def _publish_status(self, status: str, channel: str, parent: dict[str, Any] | None = None) -> None:
-        if channel == "control":
-            msg_type = (parent or self.get_parent(channel)).get("header", {}).get("msg_type", "")
-            if msg_type.startswith("ivralo_"):
-                return  # the host's own questions must not flip a frontend's busy indicator
-        super()._publish_status(status, channel, parent)
+        parent = parent or self.get_parent(channel)
+        msg_type = parent.get("header", {}).get("msg_type", "")
+        if channel == "control" and msg_type.startswith("ivralo_"):
+            return  # the host's own questions must not flip a frontend's busy indicator
+        if not (channel == "shell" and status == "busy" and msg_type == "execute_request") or self.session is None:
+            super()._publish_status(status, channel, parent)
+            return
+        # The routing identity of the requester rides along (frontends ignore unknown metadata):
+        # if this execution is killed, the host answers it in its cell, on the shell port.
+        idents = self._parent_ident["shell"]
+        requester: list[str] = [i.hex() for i in idents] if isinstance(idents, list) else []
+        self.session.send(
+            self.iopub_socket,
+            "status",
+            {"execution_state": status},
+            parent=parent,
+            ident=self._topic("status"),
+            metadata={names.KERNEL_INFO_SECTION: {names.META_REQUESTER: requester}},
+        )
 
 
 def _show_interrupt(shell: Any, etype: type, value: BaseException, tb: Any, tb_offset: int | None = None) -> list[str]:

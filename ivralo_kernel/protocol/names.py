@@ -64,6 +64,10 @@ PIPE_KILL_NOW: Final = "kill-now"  # the kernel asks for its whole tree to be en
 # The supervisor's exit status when it ended the tree for a deadline (as timeout(1) does).
 DEADLINE_EXIT_STATUS: Final = 124
 
+# In the metadata of the kernel's "busy" for an execute_request: the requester's shell routing
+# identity (hex), so the host can answer an execution whose kernel it had to kill.
+META_REQUESTER: Final = "requester"
+
 # Texts a caller sees (agent result, or the cell in a notebook).
 INTERRUPTED_TEXT: Final = (
     "interrupted: exceeded deadline_ms={deadline_ms}; namespace preserved (partial side effects possible)"

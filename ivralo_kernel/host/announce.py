@@ -1,0 +1,84 @@
+"""[host] Answer an execution whose kernel was killed, in its own cell, on the kernel's ports.
+
+When the watchdog kills a kernel, the request it was running never gets a reply: JupyterLab's
+cell stays ``[*]`` until the restart dialog says the kernel "appears to have died". Between the kill
+and the relaunch the ports are free, so the host binds them for a moment and sends what the kernel
+would have sent: the ``error`` output and ``idle`` on IOPub, and the ``execute_reply`` on shell to
+the requester (a client's shell socket identity is its session id in jupyter_client and
+jupyter_server). The clients' sockets reconnect on their own, to us and then to the new kernel.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import zmq
+from jupyter_client.session import Session as JupyterSession
+
+RECONNECT_WAIT_S = 2.5  # how long clients get to reconnect to us (libzmq retries every 100 ms)
+SUBSCRIBERS_SETTLE_S = 0.5  # after a subscriber is back, how long we wait for the next one
+
+
+def _url(info: dict[str, Any], channel: str) -> str:
+    transport, ip = info.get("transport", "tcp"), info.get("ip", "127.0.0.1")
+    port = info[f"{channel}_port"]
+    return f"{transport}://{ip}:{port}" if transport == "tcp" else f"{transport}://{ip}-{port}"
+
+
+def answer_lost_execution(
+    info: dict[str, Any], parent: dict[str, Any], requester: tuple[bytes, ...], text: str
+) -> bool:
+    """Send ``text`` as the error of the execution ``parent``; True when the requester got the reply.
+
+    ``requester`` is the shell routing envelope the kernel reported in its "busy" metadata (the
+    host never sees shell traffic).
+    """
+    key = info["key"].encode() if isinstance(info["key"], str) else info["key"]
+    session = JupyterSession(key=key, signature_scheme=info.get("signature_scheme", "hmac-sha256"))
+    context = zmq.Context()
+    iopub = context.socket(zmq.XPUB)
+    iopub.setsockopt(zmq.XPUB_VERBOSE, 1)  # see every subscriber come back, not only the first
+    shell = context.socket(zmq.ROUTER)
+    shell.setsockopt(zmq.ROUTER_MANDATORY, 1)  # raise, rather than drop, while the peer reconnects
+    try:
+        iopub.bind(_url(info, "iopub"))
+        shell.bind(_url(info, "shell"))
+        deadline = time.monotonic() + RECONNECT_WAIT_S
+        settled: float | None = None
+        # A host has several IOPub subscribers (jupyter_server: an activity watcher and one per
+        # browser tab), each back at its own pace: publish once none has come back for a while.
+        while time.monotonic() < (settled or deadline):
+            if iopub.poll(20):
+                iopub.recv()  # one subscription
+                settled = min(deadline, time.monotonic() + SUBSCRIBERS_SETTLE_S)
+        error = {"ename": "KernelKilled", "evalue": text, "traceback": [text]}
+
+        def publish() -> None:
+            session.send(iopub, "error", error, parent=parent)
+            session.send(iopub, "status", {"execution_state": "idle"}, parent=parent)
+
+        publish()
+        delivered = False
+        reply = {"status": "error", "execution_count": None, **error}
+        while requester and not delivered and time.monotonic() < deadline:
+            try:
+                session.send(shell, "execute_reply", reply, parent=parent, ident=list(requester))
+                delivered = True
+            except zmq.ZMQError:  # EHOSTUNREACH: that client's shell socket is not back yet
+                time.sleep(0.01)
+        # A subscriber that came back only now missed the answer: publish again. Tabs that already
+        # had it show the message twice, which beats a cell stuck at [*].
+        late = False
+        while iopub.poll(50 if not late else 0):
+            iopub.recv()
+            late = True
+        if late:
+            publish()
+        return delivered
+    except zmq.ZMQError:
+        return False  # a port was taken meanwhile: the kernel is replaced without the message
+    finally:
+        iopub.close(linger=500)
+        shell.close(linger=500)
+        context.term()
