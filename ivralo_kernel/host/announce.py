@@ -67,10 +67,13 @@ def answer_lost_execution(
                 delivered = True
             except zmq.ZMQError:  # EHOSTUNREACH: that client's shell socket is not back yet
                 time.sleep(0.01)
+        # Close the shell port at once: a client sends its next request as soon as it has the
+        # reply, and a request we received would be lost (its socket reconnects to the new kernel).
+        shell.close(linger=500)
         # A subscriber that came back only now missed the answer: publish again. Tabs that already
         # had it show the message twice, which beats a cell stuck at [*].
         late = False
-        while iopub.poll(50 if not late else 0):
+        while iopub.poll(0 if late else 50):
             iopub.recv()
             late = True
         if late:

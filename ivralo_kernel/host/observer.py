@@ -109,9 +109,11 @@ class Observer:
             return "unavailable"
         if not self.ready:
             return "booting"
-        if not self.busy:
-            return "settled"
         advanced = self._cpu_advanced_within(self.stall_window_s)
+        if not self.busy:
+            # "busy" may never have reached us (native code from a cell's first line starves the
+            # kernel's IOPub thread): CPU that keeps advancing is computing, whatever IOPub said.
+            return "computing" if self._cpu_advanced_within(1.0) else "settled"
         if advanced is False and self.last and self.last.at - self.samples[0].at >= self.stall_window_s:
             return "stalled"
         return "computing"

@@ -97,9 +97,8 @@ class Watchdog:
         self._thread.start()
 
     def stop(self) -> None:
+        """Ask the thread to end; never wait for it (teardown must not block on a reader)."""
         self._stop.set()
-        if self._thread.is_alive() and threading.current_thread() is not self._thread:
-            self._thread.join(timeout=2)
 
     def phase_of(self, msg_id: str) -> Phase | None:
         with self._lock:
