@@ -63,8 +63,12 @@ def test_run_prints_each_cell(tmp_path: Path, capsys: pytest.CaptureFixture[str]
 
 def test_jupyter_console(tmp_path: Path) -> None:
     child = pexpect.spawn(
-        str(BIN / "jupyter"), ["console", "--kernel", "ivralo", "--simple-prompt"],
-        cwd=str(tmp_path), env=dict(os.environ, TERM="dumb"), encoding="utf-8", timeout=60,
+        str(BIN / "jupyter"),
+        ["console", "--kernel", "ivralo", "--simple-prompt"],
+        cwd=str(tmp_path),
+        env=dict(os.environ, TERM="dumb"),
+        encoding="utf-8",
+        timeout=60,
     )
     try:
         child.expect(r"In \[1\]: ")

@@ -80,7 +80,8 @@ def test_interrupt_reaches_user_code(km: KernelManager, kc: BlockingKernelClient
     reply = kc.get_shell_msg(timeout=20)
     assert reply["parent_header"]["msg_id"] == msg_id
     assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "KeyboardInterrupt"
-    assert execute(kc, "print('still here')").stdout == "still here\n"
+    after = execute(kc, "print('still here')")
+    assert after.stdout == "still here\n", (after.reply["content"], after.stderr, after.outputs)
 
 
 def test_ipython_features_keep_working(kc: BlockingKernelClient) -> None:

@@ -50,7 +50,12 @@ def test_credentials_never_reach_the_kernel(workspace: Path) -> None:
         values = [*secrets.values(), "from-dotenv-secret"]
         seen = json.loads(execute(kc, PROBE_ENV.format(names=names, values=values)).stdout)
         assert seen == {
-            "environ": [], "proc": [], "child": [], "values_seen": [], "kept": "visible", "from_dotenv": "plain-value",
+            "environ": [],
+            "proc": [],
+            "child": [],
+            "values_seen": [],
+            "kept": "visible",
+            "from_dotenv": "plain-value",
         }
     finally:
         kc.stop_channels()
@@ -73,6 +78,9 @@ def test_memory_error_instead_of_death(tmp_path: Path, workspace: Path) -> None:
 
 
 def test_workspace_is_cwd_and_no_bytecode_is_written(workspace: Path) -> None:
+    from ivralo_kernel.protocol.trust import set_trust
+
+    set_trust(str(workspace), True, __import__("os").environ)  # its own modules are imported only if trusted
     (workspace / "helper_mod.py").write_text("VALUE = 7\n")
     # a file named like a stdlib module the kernel relies on must not shadow it during start-up
     (workspace / "socket.py").write_text("raise RuntimeError('workspace socket.py was imported')\n")

@@ -13,8 +13,17 @@ from ivralo_kernel.protocol import ConfigError, KernelPolicy, database_env_names
 
 @pytest.mark.parametrize(
     "name",
-    ["OPENAI_API_KEY", "api_key", "GITHUB_TOKEN", "AWS_SECRET", "DB_PASSWORD", "MY_SECRET_THING",
-     "SLACK_WEBHOOK_URL", "IVRALO_SQL_URL", "PGPASSWORD"],
+    [
+        "OPENAI_API_KEY",
+        "api_key",
+        "GITHUB_TOKEN",
+        "AWS_SECRET",
+        "DB_PASSWORD",
+        "MY_SECRET_THING",
+        "SLACK_WEBHOOK_URL",
+        "IVRALO_SQL_URL",
+        "PGPASSWORD",
+    ],
 )
 def test_credential_names_are_secret(name: str) -> None:
     assert is_secret_name(name)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from ivralo_kernel import __version__
@@ -37,6 +38,24 @@ def _run(args: argparse.Namespace) -> int:
     return run_file(args.file, workspace=args.workspace, memory_limit=args.memory_limit, timeout=args.timeout)
 
 
+def _doctor(args: argparse.Namespace) -> int:
+    from ivralo_kernel.cli.doctor import doctor
+
+    return doctor(args.json)
+
+
+def _trust(args: argparse.Namespace) -> int:
+    from ivralo_kernel.protocol.trust import set_trust
+
+    folder = os.path.realpath(args.path)
+    if not os.path.isdir(folder):
+        raise IvraloError(f"{args.path}: no such folder. Give the folder to {args.command}.")
+    written = set_trust(folder, args.command == "trust", os.environ)
+    verb = "Trusted" if args.command == "trust" else "No longer trusted"
+    print(f"{verb}: {folder}\n(recorded in {written}; kernels started there from now on see the change)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ivralo-kernel", description="A guarded Python kernel for Jupyter.")
     parser.add_argument("--version", action="version", version=f"ivralo-kernel {__version__}")
@@ -55,6 +74,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--memory-limit", type=int, metavar="BYTES", help="RLIMIT_DATA (default: half the RAM)")
     p.add_argument("--memory-hard-limit", type=int, metavar="BYTES", help="tree RSS that kills the kernel")
     p.set_defaults(func=_install)
+
+    p = commands.add_parser("doctor", help="start a kernel and report which protections are in force here")
+    p.add_argument("--json", action="store_true", help="machine-readable report")
+    p.set_defaults(func=_doctor)
+
+    for name, text in (
+        ("trust", "import the folder's own code in its kernels (recorded outside the folder)"),
+        ("untrust", "stop importing the folder's own code"),
+    ):
+        p = commands.add_parser(name, help=text)
+        p.add_argument("path", nargs="?", default=".", help="the folder (default: the current one)")
+        p.set_defaults(func=_trust)
 
     p = commands.add_parser("run", help="run a notebook or a .py file in a guarded kernel and print what it did")
     p.add_argument("file", help="FILE.ipynb or FILE.py")

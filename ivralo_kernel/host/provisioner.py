@@ -27,6 +27,7 @@ from ivralo_kernel.host.announce import answer_lost_execution
 from ivralo_kernel.host.escalation import DeadlinePolicy
 from ivralo_kernel.host.watchdog import Loss, Watchdog, WatchdogSettings
 from ivralo_kernel.protocol import KernelPolicy, database_env_names, names, scrub
+from ivralo_kernel.protocol.trust import is_trusted
 
 # How long the supervisor gets to end the tree after being asked, before we SIGKILL what we see.
 SUPERVISOR_KILL_BUDGET_S = 3.0
@@ -48,6 +49,12 @@ class IvraloProvisioner(LocalProvisioner):  # type: ignore[misc]
         "cell. 0: half of the machine's memory.",
     )
     rlimit_nofile = Int(0, config=True, help="RLIMIT_NOFILE of the kernel. 0: leave the inherited limit.")
+    landlock = Bool(
+        True,
+        config=True,
+        help="Apply the Landlock write floor (Linux >= 5.13): the OS refuses writes outside the workspace "
+        "from any process of the kernel's tree. Off only to diagnose.",
+    )
     deadline_ms = Int(
         0,
         config=True,
@@ -89,6 +96,8 @@ class IvraloProvisioner(LocalProvisioner):  # type: ignore[misc]
             deadline_ms=self.deadline_ms or None,
             interrupt_grace_ms=self.interrupt_grace_ms,
             host_enforces_deadline=True,  # the watchdog below; the kernel's own stays off
+            trusted=is_trusted(self.workspace or cwd, os.environ),
+            landlock=self.landlock,
         )
 
     def watchdog_settings(self) -> WatchdogSettings:

@@ -18,13 +18,21 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 import time
 from typing import Any
 
 from ivralo_kernel.guards import apply_limits, scrub_environ
+from ivralo_kernel.guards._hooks import FileGuard, close_the_trust_gate, install_file_guard
+from ivralo_kernel.guards.fs import FsPolicy
+from ivralo_kernel.guards.history import History
+from ivralo_kernel.guards.landlock import LandlockRules
+from ivralo_kernel.guards.landlock import apply as apply_landlock
 from ivralo_kernel.kernel.launch_state import STATE
 from ivralo_kernel.kernel.stages import SupervisorPipe, write_failure
 from ivralo_kernel.protocol import KernelPolicy, default_memory_limit, names
+from ivralo_kernel.protocol.credentials import config_home
+from ivralo_kernel.protocol.trust import is_trusted
 
 
 def _load_dotenv(workspace: str) -> bool:
@@ -54,8 +62,65 @@ def _build_app() -> Any:
     from ivralo_kernel.kernel.kernel import IvraloKernel
 
     app = IPKernelApp.instance(kernel_class=IvraloKernel)
-    app.initialize(sys.argv[1:])
+    # Input history stays in memory: the sqlite file lives outside the workspace, where writes are
+    # refused once the kernel runs.
+    app.initialize([*sys.argv[1:], "--HistoryManager.hist_file=:memory:"])
     return app
+
+
+def _private_tmp() -> str:
+    """The kernel's own temp folder (made by the supervisor, or here): TMPDIR, caches, matplotlib."""
+    tmp = os.environ.get(names.ENV_TMPDIR) or tempfile.mkdtemp(prefix="ivralo-kernel-")
+    for var, sub in (("TMPDIR", ""), ("XDG_CACHE_HOME", "cache"), ("MPLCONFIGDIR", "matplotlib")):
+        path = os.path.join(tmp, sub) if sub else tmp
+        os.makedirs(path, exist_ok=True)
+        os.environ[var] = path
+    tempfile.tempdir = None  # forget a temp dir computed before TMPDIR changed
+    return os.path.realpath(tmp)
+
+
+def _apply_landlock(policy: KernelPolicy, workspace: str, tmp: str) -> str:
+    """The floor under the Python guard: writes outside these trees are refused by the OS, from any
+    process in the kernel's tree (a shell, ctypes, a subprocess). Returns what the layer report says."""
+    if not policy.landlock:
+        return "off (turned off by the host's settings)"
+    if len(os.listdir("/proc/self/task")) != 1:  # a thread started earlier would keep write access
+        return "not applied: a thread was already running"
+    write_trees = (tmp,) if policy.role == names.ROLE_READONLY else (workspace, tmp)
+    result = apply_landlock(LandlockRules(write_trees=write_trees, write_files=("/dev/null", "/dev/tty")))
+    if not result.applied:
+        STATE.notes.append(result.reason)
+        return f"unavailable: {result.reason}"
+    return f"ABI {result.abi}: {', '.join(result.handled)}"
+
+
+def _ensure_ipython_profile() -> None:
+    """IPython creates its profile folder on first use; do it before the write floor goes down."""
+    from IPython.core.profiledir import ProfileDir
+    from IPython.paths import get_ipython_dir
+
+    ProfileDir.create_profile_dir_by_name(get_ipython_dir(), "default")
+
+
+def _install_file_guards(policy: KernelPolicy, workspace: str) -> tuple[FileGuard, bool]:
+    tmp = _private_tmp()
+    _ensure_ipython_profile()
+    STATE.layers["landlock"] = _apply_landlock(policy, workspace, tmp)
+    connection_file = sys.argv[sys.argv.index("-f") + 1] if "-f" in sys.argv[:-1] else ""
+    ipython_dir = os.environ.get("IPYTHONDIR") or os.path.expanduser("~/.ipython")
+    fs_policy = FsPolicy(
+        workspace=workspace,
+        readonly=policy.role == names.ROLE_READONLY,
+        writable_extra=(tmp, "/dev/null", "/dev/tty"),
+        config_home_is_workspace=os.path.realpath(config_home(os.environ)) == workspace,
+        # While the kernel starts, IPython may create its profile folder and ipykernel its runtime files.
+        allow_during_startup=tuple(
+            os.path.realpath(d) for d in (ipython_dir, os.path.dirname(os.path.abspath(connection_file))) if d
+        ),
+    )
+    history = History(os.path.join(workspace, names.STATE_DIR, "history"), policy.history_cap_bytes)
+    trusted = policy.trusted if policy.trusted is not None else is_trusted(workspace, os.environ)
+    return install_file_guard(fs_policy, history), trusted
 
 
 def main() -> None:
@@ -79,8 +144,18 @@ def main() -> None:
         STATE.workspace, STATE.role, STATE.policy, STATE.pipe = workspace, policy.role, policy, reporter
         STATE.scrubbed = sorted(set(removed))
         STATE.notes += problems
-        STATE.layers = {
+        STATE.layers = {}
+        file_guard, trusted = _install_file_guards(policy, workspace)
+        supervisor_layers = dict(
+            item.split("=", 1) for item in os.environ.pop(names.ENV_SUPERVISOR_LAYERS, "").split(",") if "=" in item
+        )
+        STATE.layers |= {
             "supervisor": bool(os.environ.get(names.ENV_SUPERVISOR_PID)),
+            "subreaper": supervisor_layers.get("subreaper") == "1",
+            "parent_death_signal": supervisor_layers.get("parent_death_signal") == "1",
+            "write_guard": "audit hook",
+            "read_guard": "audit hook",
+            "trust_gate": "open (trusted folder)" if trusted else "closed (folder not trusted)",
             "env_scrub": True,
             "memory_cap": "RLIMIT_DATA",
             "memory_limit_bytes": limits.memory_limit_bytes,
@@ -92,7 +167,11 @@ def main() -> None:
         reporter.reached_stage(names.STAGE_GUARDS_INSTALLED)
 
         app = _build_app()  # step 6
-        _add_workspace_to_path()  # step 1, second half
+        file_guard.starting = False  # from here on, the kernel's own folders are closed too
+        if trusted:
+            _add_workspace_to_path()  # step 1, second half
+        else:
+            close_the_trust_gate(workspace)
         STATE.bootstrap_ms = round((time.time() - STATE.started_at) * 1000, 1)
         reporter.reached_stage(names.STAGE_KERNEL_BUILT)
     except BaseException as exc:  # noqa: BLE001 - whatever stops the start is written to the log first

@@ -7,17 +7,21 @@ from ivralo_kernel.protocol import names
 from ivralo_kernel.protocol.credentials import database_env_names, is_secret_name, scrub
 from ivralo_kernel.protocol.errors import (
     ConfigError,
+    GuardRefusal,
     IvraloError,
     KernelSpecError,
+    TrustGateError,
     WorkerBootstrapError,
 )
 from ivralo_kernel.protocol.policy import KernelPolicy, default_memory_limit
 
 __all__ = [
     "ConfigError",
+    "GuardRefusal",
     "IvraloError",
     "KernelPolicy",
     "KernelSpecError",
+    "TrustGateError",
     "WorkerBootstrapError",
     "database_env_names",
     "default_memory_limit",

@@ -4,7 +4,9 @@ so code that catches ``ValueError`` or ``RuntimeError`` keeps working::
     IvraloError
      ├── ConfigError(ValueError)            a setting is wrong; names the field and the fix
      ├── KernelSpecError(ValueError)        an install request cannot be honoured
-     └── WorkerBootstrapError(RuntimeError) a kernel did not become ready; names pid, budget, log
+     ├── WorkerBootstrapError(RuntimeError) a kernel did not become ready; names pid, budget, log
+     ├── GuardRefusal(PermissionError)      a guard refused an operation; names what and why
+     └── TrustGateError(ImportError)        the folder is not trusted, so its own code is not imported
 """
 
 from __future__ import annotations
@@ -28,3 +30,23 @@ class KernelSpecError(IvraloError, ValueError):
 
 class WorkerBootstrapError(IvraloError, RuntimeError):
     """A kernel process did not become ready."""
+
+
+class GuardRefusal(IvraloError, PermissionError):
+    """A guard refused an operation. Code that catches ``PermissionError`` keeps working.
+
+    Every part is required: which guard, what was attempted, on what, why, and what to do instead.
+    The message tells the code to stop and say so to the person, not to look for another way.
+    """
+
+    def __init__(self, *, guard: str, operation: str, target: str, why: str, instead: str) -> None:
+        self.guard, self.operation, self.target = guard, operation, target
+        message = f"ivralo {guard}: {operation} {target!r} refused: {why}. {instead}"
+        super().__init__(13, message)  # errno EACCES, like the OS's own refusal
+
+    def __str__(self) -> str:
+        return str(self.args[1])
+
+
+class TrustGateError(IvraloError, ImportError):
+    """A module that lives in an untrusted workspace was imported."""

@@ -20,12 +20,16 @@ ENV_MEMORY_LIMIT: Final = "IVRALO_MEMORY_LIMIT_BYTES"
 ENV_RLIMIT_NOFILE: Final = "IVRALO_RLIMIT_NOFILE"
 ENV_ROLE: Final = "IVRALO_ROLE"
 ENV_DEADLINE_MS: Final = "IVRALO_DEADLINE_MS"
+ENV_HISTORY_CAP: Final = "IVRALO_HISTORY_CAP_BYTES"
+ENV_LANDLOCK: Final = "IVRALO_LANDLOCK"  # "off" turns the OS write floor off (tests, diagnosis)
+ENV_TMPDIR: Final = "IVRALO_TMPDIR"  # the kernel's private temp folder, made and removed by the supervisor
 ENV_INTERRUPT_GRACE_MS: Final = "IVRALO_INTERRUPT_GRACE_MS"
 # Set by the supervisor only: the pipe the kernel reports its start-up stages on, and the
 # supervisor's pid (the kernel's parent poller follows it through JPY_PARENT_PID too).
 ENV_STAGE_FD: Final = "IVRALO_STAGE_FD"
 ENV_SUPERVISOR_PID: Final = "IVRALO_SUPERVISOR_PID"
 ENV_LAUNCHED_AT: Final = "IVRALO_LAUNCHED_AT"
+ENV_SUPERVISOR_LAYERS: Final = "IVRALO_SUPERVISOR_LAYERS"  # "subreaper=1,parent_death_signal=1"
 ENV_PARENT_PID: Final = "JPY_PARENT_PID"
 
 # The product's own database URL: always scrubbed, whatever its name says.

@@ -42,11 +42,15 @@ class KernelPolicy:
     deadline_ms: int | None = None
     interrupt_grace_ms: int = 2_000
     host_enforces_deadline: bool = False
+    # None: the kernel reads the trust store itself (a launch without our host).
+    trusted: bool | None = None
+    history_cap_bytes: int = 256 << 20
+    landlock: bool = True  # the OS-enforced write floor, where the Linux kernel has it
 
     def __post_init__(self) -> None:
         if self.role not in names.ROLES:
             raise ConfigError("role", f"{self.role!r} is not a role", f"Use one of: {', '.join(names.ROLES)}")
-        for field in ("memory_limit_bytes", "rlimit_nofile", "deadline_ms", "interrupt_grace_ms"):
+        for field in ("memory_limit_bytes", "rlimit_nofile", "deadline_ms", "interrupt_grace_ms", "history_cap_bytes"):
             value = getattr(self, field)
             if value is not None and (not isinstance(value, int) or value <= 0):
                 raise ConfigError(field, f"{value!r} is not a positive whole number", "Give a count, or leave it unset")
@@ -70,6 +74,8 @@ class KernelPolicy:
             with open(path, encoding="utf-8") as f:
                 return cls.from_json(f.read())
         fields: dict[str, Any] = {"workspace": env.get(names.ENV_WORKSPACE) or cwd}
+        if env.get(names.ENV_LANDLOCK, "").lower() in ("0", "off", "false", "no"):
+            fields["landlock"] = False
         if env.get(names.ENV_ROLE):
             fields["role"] = env[names.ENV_ROLE]
         for var, field in (
@@ -77,6 +83,7 @@ class KernelPolicy:
             (names.ENV_RLIMIT_NOFILE, "rlimit_nofile"),
             (names.ENV_DEADLINE_MS, "deadline_ms"),
             (names.ENV_INTERRUPT_GRACE_MS, "interrupt_grace_ms"),
+            (names.ENV_HISTORY_CAP, "history_cap_bytes"),
         ):
             raw = env.get(var)
             if raw:

@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import os
 import select
+import shutil
 import signal
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -48,11 +50,12 @@ def _reexec_without_secrets(workspace: str) -> None:
         os.execve(sys.executable, list(sys.orig_argv), clean)  # noqa: S606 - re-exec of ourselves
 
 
-def _kernel_env(workspace: str, stage_fd: int) -> dict[str, str]:
+def _kernel_env(workspace: str, stage_fd: int, tmp: str) -> dict[str, str]:
     db_names, _ = database_env_names(workspace, os.environ)
     env, _ = scrub(os.environ, db_names)
     env.update(
         {
+            names.ENV_TMPDIR: tmp,
             # ipykernel's parent poller exits the kernel when this pid stops being its parent.
             names.ENV_PARENT_PID: str(os.getpid()),
             names.ENV_SUPERVISOR_PID: str(os.getpid()),
@@ -155,8 +158,9 @@ def main(argv: list[str] | None = None) -> int:
     workspace = KernelPolicy.from_env(os.environ, os.getcwd()).workspace
     _reexec_without_secrets(workspace)  # step 1
 
-    linux.set_child_subreaper()  # step 2
-    linux.set_parent_death_signal(SIGNAL_PARENT_DIED)  # step 3
+    subreaper = linux.set_child_subreaper()  # step 2
+    death_signal = linux.set_parent_death_signal(SIGNAL_PARENT_DIED)  # step 3
+    os.environ[names.ENV_SUPERVISOR_LAYERS] = f"subreaper={int(subreaper)},parent_death_signal={int(death_signal)}"
     if os.getppid() != parent:
         return 1
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # step 4
@@ -170,7 +174,8 @@ def main(argv: list[str] | None = None) -> int:
     stage_r, stage_w = os.pipe()
     os.set_inheritable(stage_w, True)
     relay = _StderrRelay()
-    kernel = _start_kernel(args, _kernel_env(workspace, stage_w), relay.write_fd)  # step 5
+    tmp = tempfile.mkdtemp(prefix="ivralo-kernel-")  # the kernel's private temp folder; removed below
+    kernel = _start_kernel(args, _kernel_env(workspace, stage_w, tmp), relay.write_fd)  # step 5
     os.close(stage_w)
     os.close(relay.write_fd)
 
@@ -237,6 +242,7 @@ def main(argv: list[str] | None = None) -> int:
             kernel_status = status
     if relay.open:
         relay.drain()
+    shutil.rmtree(tmp, ignore_errors=True)
     built = names.STAGE_KERNEL_BUILT in stages
     if not built and term_deadline is None:  # a start that failed, or that the host gave up on
         how = f"{stopped_by} before it was ready" if stopped_by else _describe(kernel_status or 0)

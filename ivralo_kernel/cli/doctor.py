@@ -1,0 +1,106 @@
+"""[cli] ``ivralo-kernel doctor``: start a kernel through the host and report, mechanism by
+mechanism, what is in force on this machine, which layer stops what, and a next step for each gap.
+
+It never inspects the guards from here (the cli room does not import them): it asks a real kernel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import tempfile
+from typing import Any
+
+from ivralo_kernel.host import Session
+from ivralo_kernel.protocol import names
+
+GIB = 1 << 30
+
+
+def _checks(info: dict[str, Any]) -> list[dict[str, str]]:
+    layers: dict[str, Any] = info.get("layers", {})
+    landlock = str(layers.get("landlock", "unknown"))
+    limit = layers.get("memory_limit_bytes")
+    rows = [
+        (
+            "memory cap",
+            limit is not None,
+            f"RLIMIT_DATA = {limit / GIB:.1f} GiB: an allocation past it raises MemoryError in the cell"
+            if limit
+            else "no RLIMIT_DATA",
+            "Set WorkerConfig.memory_limit_bytes (or --memory-limit at install).",
+        ),
+        (
+            "write floor (Landlock)",
+            landlock.startswith("ABI"),
+            f"{landlock}: the OS refuses writes outside the workspace from any process of the kernel's tree "
+            "(shells, ctypes, subprocesses)",
+            "Use Linux >= 5.13 with Landlock enabled (lsm=...,landlock); until then only the Python-level "
+            "guard refuses writes, and a subprocess or ctypes call walks around it.",
+        ),
+        (
+            "python-level guards",
+            layers.get("write_guard") == "audit hook",
+            f"audit hook: write guard, read guard, trust gate {layers.get('trust_gate', '?')}; clear refusals "
+            "at the line that tried (not a boundary: ctypes and subprocesses are stopped by the floor above)",
+            "Reinstall ivralo-kernel: the kernel started without its guards.",
+        ),
+        (
+            "credential scrub",
+            bool(layers.get("env_scrub")),
+            "credential variables never reach os.environ, /proc/self/environ or children",
+            "Reinstall ivralo-kernel.",
+        ),
+        (
+            "not dumpable",
+            layers.get("dumpable") is False,
+            "other processes of the same user cannot read the kernel's memory or environment",
+            "prctl(PR_SET_DUMPABLE) failed: run on Linux.",
+        ),
+        (
+            "subreaper",
+            bool(layers.get("subreaper")),
+            "setsid and double-forked children stay in the kernel's tree and end with it",
+            "prctl(PR_SET_CHILD_SUBREAPER) failed: run on Linux >= 3.4.",
+        ),
+        (
+            "parent-death signal",
+            bool(layers.get("parent_death_signal")),
+            "if the host dies, even by SIGKILL, the kernel's whole tree is ended",
+            "prctl(PR_SET_PDEATHSIG) failed: run on Linux.",
+        ),
+        ("core dumps", layers.get("core_dumps") is False, "RLIMIT_CORE = 0: a crash never writes memory to disk", ""),
+    ]
+    return [
+        {"mechanism": name, "status": "ok" if ok else "missing", "detail": detail, "next_step": "" if ok else fix}
+        for name, ok, detail, fix in rows
+    ]
+
+
+async def _probe() -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="ivralo-doctor-") as workspace:
+        async with Session(workspace=workspace) as session:
+            result = await session.run("pass")
+            info = dict(session.kernel_info.get(names.KERNEL_INFO_SECTION) or {})
+    if not isinstance(result, str):
+        return {"ok": False, "error": result["error"], "checks": []}
+    checks = _checks(info)
+    return {"ok": all(c["status"] == "ok" for c in checks), "kernel": info, "checks": checks}
+
+
+def doctor(as_json: bool) -> int:
+    report = asyncio.run(_probe())
+    if as_json:
+        print(json.dumps(report, indent=1))
+        return 0 if report["ok"] else 1
+    if "error" in report:
+        print(f"ivralo-kernel doctor: no kernel could be started here:\n{report['error']}")
+        return 1
+    kernel = report["kernel"]
+    print(f"ivralo-kernel doctor: started a kernel (pid {kernel.get('pid')}, ready in {kernel.get('bootstrap_ms')} ms)")
+    for check in report["checks"]:
+        mark = "ok  " if check["status"] == "ok" else "MISS"
+        print(f"  [{mark}] {check['mechanism']:22} {check['detail']}")
+        if check["next_step"]:
+            print(f"         next step: {check['next_step']}")
+    return 0 if report["ok"] else 1

@@ -1,0 +1,120 @@
+"""[guards] File decisions: (operation, path, policy) -> None (allowed) or a ``GuardRefusal``.
+
+Pure functions, no I/O but ``os.path.realpath``. The audit hook (``_hooks``) calls them; tests call
+them directly.
+
+* Writes are allowed only inside the workspace (resolved: symlinks, ``..``) and the kernel's own
+  private temp folder; a symlink in the workspace that points out is outside. Closed even inside:
+  ``.git/`` and ``.ivralo/`` (any case spelling), ``.env`` files, and ivralo's configuration when the
+  config home is the workspace. The read-only role refuses every write.
+* Reads are free except ``.env`` files (anywhere) and ``.git/`` / ``.ivralo/`` (anywhere, any case).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from ivralo_kernel.protocol import GuardRefusal, names
+
+CLOSED_DIRS = (".git", ".ivralo")
+CONFIG_FILES = frozenset(
+    {"permissions.json", "databases.json", "mcp.json", "schedules.json", "google-token.json", "token.json"}
+)
+CONFIG_DIRS = frozenset({"skills.local"})
+STOP = "Stop and tell the person about it, rather than looking for another way."
+
+
+@dataclass(frozen=True)
+class FsPolicy:
+    workspace: str  # resolved
+    readonly: bool = False
+    writable_extra: tuple[str, ...] = ()  # resolved: the kernel's private temp folder, /dev/null
+    config_home_is_workspace: bool = False
+    allow_during_startup: tuple[str, ...] = ()  # the kernel's own folders while it starts
+    history_dir: str = field(default="")
+
+    @property
+    def state_dir(self) -> str:
+        return os.path.join(self.workspace, names.STATE_DIR)
+
+
+def _inside(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def _parts(path: str) -> list[str]:
+    return [p.casefold() for p in path.split(os.sep) if p]
+
+
+def closed_component(path: str) -> str | None:
+    """``.git`` or ``.ivralo`` if the path goes through one (any case spelling)."""
+    for part in _parts(path):
+        if part in CLOSED_DIRS:
+            return part
+    return None
+
+
+def resolve(path: str, follow_last: bool = True) -> str:
+    """Absolute and resolved. With ``follow_last`` False the last component itself is kept (remove,
+    rename and symlink act on a link, not on what it points to)."""
+    path = os.path.abspath(path)
+    if follow_last:
+        return os.path.realpath(path)
+    head, tail = os.path.split(path)
+    return os.path.join(os.path.realpath(head), tail)
+
+
+def decide_write(operation: str, path: str, policy: FsPolicy, starting: bool = False) -> GuardRefusal | None:
+    """``path`` must already be resolved."""
+
+    def refuse(why: str, instead: str) -> GuardRefusal:
+        return GuardRefusal(guard="write guard", operation=operation, target=path, why=why, instead=instead)
+
+    if starting and any(_inside(path, root) for root in policy.allow_during_startup):
+        return None
+    if any(_inside(path, root) for root in policy.writable_extra):
+        return None
+    if policy.readonly:
+        return refuse(
+            "this session's Python only reads",
+            "Change files with edit_file or write_file, which show the change to the person for approval.",
+        )
+    if not _inside(path, policy.workspace):
+        return refuse(f"it is outside the workspace {policy.workspace}", f"Write inside the workspace. {STOP}")
+    closed = closed_component(os.path.relpath(path, policy.workspace))
+    if closed == ".git":
+        return refuse(".git/ is closed: a hook or a config change there would run later, outside any review", STOP)
+    if closed == ".ivralo":
+        return refuse(".ivralo/ holds ivralo's own records (history, permissions) and grants", STOP)
+    name = os.path.basename(path)
+    if name == names.DOTENV_FILE or name.startswith(names.DOTENV_FILE + "."):
+        return refuse(".env files are read by ivralo when a kernel starts and hold credentials", STOP)
+    if policy.config_home_is_workspace:
+        first = _parts(os.path.relpath(path, policy.workspace))[0]
+        if name in CONFIG_FILES or first in CONFIG_DIRS:
+            return refuse(f"{name} is ivralo's configuration, and a grant", STOP)
+    return None
+
+
+def decide_read(operation: str, path: str) -> GuardRefusal | None:
+    """A cheap string check (no filesystem access): reads are the hot path."""
+    name = os.path.basename(path.rstrip(os.sep))
+    if name == names.DOTENV_FILE or (name.startswith(".env.") and operation == "open"):
+        return GuardRefusal(
+            guard="read guard",
+            operation=operation,
+            target=path,
+            why=".env files hold credentials",
+            instead=f"Ask the person for what you need. {STOP}",
+        )
+    lowered = path.casefold()
+    if (".git" in lowered or ".ivralo" in lowered) and closed_component(path):
+        return GuardRefusal(
+            guard="read guard",
+            operation=operation,
+            target=path,
+            why="repository internals (.git/) and ivralo's records (.ivralo/) are not readable from code",
+            instead=STOP,
+        )
+    return None
