@@ -84,3 +84,23 @@ def test_jupyter_console(tmp_path: Path) -> None:
     finally:
         child.close(force=True)
     assert child.exitstatus == 0
+
+
+def test_doctor_reports_each_mechanism(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["doctor", "--json"])
+    report = json.loads(capsys.readouterr().out)
+    by_name = {c["mechanism"]: c for c in report["checks"]}
+    assert set(by_name) == {
+        "memory cap",
+        "write floor (Landlock)",
+        "python-level guards",
+        "credential scrub",
+        "not dumpable",
+        "subreaper",
+        "parent-death signal",
+        "core dumps",
+    }
+    for check in report["checks"]:  # a missing mechanism always comes with a next step
+        assert check["status"] == "ok" or check["next_step"], check
+    assert by_name["subreaper"]["status"] == by_name["parent-death signal"]["status"] == "ok"
+    assert code == (0 if report["ok"] else 1)
