@@ -84,6 +84,7 @@ CASES: list[tuple[str, str, tuple[str, str], tuple[str, str] | None]] = [
     ("read .git/config", "open('.git/config').read()", (REFUSED, READ_INTERNALS), None),
     ("list .git", "os.listdir('.git')", (REFUSED, READ_INTERNALS), None),
     ("list .IVRALO", "os.listdir('.IVRALO')", (REFUSED, READ_INTERNALS), None),
+    ("enter .git, then read a bare name", "os.chdir('.git') or open('config').read()", (REFUSED, READ_INTERNALS), None),
     ("glob into .git finds nothing", "glob.glob('.git/*')", ("ok", "[]"), None),
     ("symlink to .env", "os.symlink('.env', 'envlink')", (REFUSED, READ_ENV), None),
     ("read outside is free", "open(OUT + '/victim.txt').read()", ("ok", "victim"), None),

@@ -7,7 +7,6 @@ with tree cleanup reduced to what it can see of its own children.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import sys
 
 PR_SET_PDEATHSIG = 1
