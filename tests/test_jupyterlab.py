@@ -1,0 +1,190 @@
+"""What a person sees in real JupyterLab, in headless Chromium: "Python (ivralo)" in the launcher,
+a cell that runs, and a cell killed at its deadline that says why and leaves a fresh kernel behind.
+
+Recipe: ../shared/notes/test-infrastructure.md §1 (Debian's chromium driven by Playwright through
+``executable_path``; nothing is downloaded; the server listens on 127.0.0.1 only).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ivralo_kernel.cli.install import install
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+playwright = pytest.importorskip("playwright.sync_api")
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        not os.path.exists(CHROMIUM) and not os.environ.get("CI"),
+        reason="Debian's chromium is not installed (apt-get install -y chromium); .ci/run installs it",
+    ),
+]
+TOKEN = uuid.uuid4().hex
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+DEADLINE_MS = 2000
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    root = tmp_path_factory.mktemp("lab")
+    prefix = Path(os.environ["JUPYTER_PATH"]).parents[1]
+    install(
+        prefix=str(prefix),
+        name="ivralo-lab-deadline",
+        display_name="Python (ivralo, 2 s deadline)",
+        provisioner_config={"deadline_ms": DEADLINE_MS, "interrupt_grace_ms": 500},
+    )
+    settings = Path(os.environ["JUPYTER_CONFIG_DIR"]) / "lab/user-settings/@jupyterlab/apputils-extension"
+    settings.mkdir(parents=True, exist_ok=True)
+    (settings / "notification.jupyterlab-settings").write_text(
+        json.dumps({"fetchNews": "false", "checkForUpdates": False})
+    )
+    nbdir = root / "notebooks"
+    nbdir.mkdir()
+    port = free_port()
+    log = open(root / "lab.log", "w")
+    cmd = [
+        sys.executable,
+        "-m",
+        "jupyterlab",
+        "--no-browser",
+        "--ServerApp.ip=127.0.0.1",
+        f"--ServerApp.port={port}",
+        "--ServerApp.port_retries=0",
+        f"--IdentityProvider.token={TOKEN}",
+        f"--ServerApp.root_dir={nbdir}",
+        "--ServerApp.allow_root=True",
+        "--LabApp.news_url=None",
+        "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+        "--LabApp.extension_manager=readonly",
+    ]
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        import urllib.request
+
+        deadline = time.monotonic() + 90
+        while True:
+            assert proc.poll() is None, (root / "lab.log").read_text()[-3000:]
+            try:
+                request = urllib.request.Request(f"{url}/api/status", headers={"Authorization": f"token {TOKEN}"})
+                with urllib.request.urlopen(request, timeout=2) as response:
+                    if response.status == 200:
+                        break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, "JupyterLab did not come up"
+            time.sleep(0.1)
+        yield {"url": url, "nbdir": nbdir, "root": root}
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def browser(lab: dict[str, Any]) -> Iterator[Any]:
+    home = lab["root"] / "browser-home"
+    home.mkdir()
+    with playwright.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, env={**os.environ, "HOME": str(home)})
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+@pytest.fixture
+def page(browser: Any, lab: dict[str, Any]) -> Iterator[Any]:
+    context = browser.new_context(viewport={"width": 1280, "height": 800})
+    page = context.new_page()
+    off_loopback: list[str] = []
+    page.on("request", lambda r: off_loopback.append(r.url) if not r.url.startswith(lab["url"]) else None)
+    try:
+        yield page
+    finally:
+        context.close()
+    assert [u for u in off_loopback if not u.startswith(("data:", "blob:"))] == []
+
+
+def open_notebook(page: Any, lab: dict[str, Any], name: str, kernel: str, display: str) -> None:
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": kernel, "language": "python", "display_name": display}
+    nb.cells.append(nbformat.v4.new_code_cell(""))
+    nbformat.write(nb, lab["nbdir"] / name)
+    expect = playwright.expect
+    page.goto(f"{lab['url']}/lab/workspaces/{name.removesuffix('.ipynb')}/tree/{name}?token={TOKEN}")
+    expect(page.locator(".lm-DockPanel-tabBar .lm-mod-current .lm-TabBar-tabLabel")).to_have_text(name, timeout=60_000)
+    page.locator(".jp-Notebook .jp-Cell .cm-content").first.wait_for(timeout=60_000)
+    expect(page.locator(".jp-Toolbar-kernelName")).to_have_text(display, timeout=60_000)
+    expect(page.locator("#jp-main-statusbar")).to_contain_text(f"{display} | Idle", timeout=60_000)
+
+
+def run_in_last_cell(page: Any, code: str) -> None:
+    page.locator(".jp-Notebook .jp-Cell-inputArea .cm-content").last.click()
+    page.keyboard.type(code)
+    page.keyboard.press("Shift+Enter")
+
+
+def test_launcher_offers_the_ivralo_kernel(page: Any, lab: dict[str, Any]) -> None:
+    page.goto(f"{lab['url']}/lab/workspaces/launcher?token={TOKEN}")
+    card = page.locator('.jp-LauncherCard[data-category="Notebook"][title="Python (ivralo)"]')
+    card.wait_for(timeout=60_000)
+    page.screenshot(path=str(lab["root"] / "launcher.png"))
+
+
+def test_a_cell_runs_and_a_killed_cell_says_why(page: Any, lab: dict[str, Any]) -> None:
+    display = "Python (ivralo, 2 s deadline)"
+    open_notebook(page, lab, "deadline.ipynb", "ivralo-lab-deadline", display)
+    expect = playwright.expect
+    cells = page.locator(".jp-Notebook .jp-Cell")
+    run_in_last_cell(page, "x = 6 * 7\nprint(x)")
+    expect(cells.nth(0).locator(".jp-OutputArea-output")).to_have_text("42", timeout=30_000)
+    run_in_last_cell(page, "while True: pass")
+    expect(cells.nth(1).locator(".jp-OutputArea-output")).to_contain_text(
+        f"interrupted: exceeded deadline_ms={DEADLINE_MS}; namespace preserved", timeout=30_000
+    )
+    run_in_last_cell(page, "import time\ntime.sleep(0.2)\nsum(range(10**11))")
+    expect(cells.nth(2).locator(".jp-OutputArea-output")).to_contain_text(
+        f"ivralo ended this cell's kernel (timeout: execution exceeded deadline_ms={DEADLINE_MS}", timeout=30_000
+    )
+    expect(cells.nth(2).locator(".jp-InputPrompt")).not_to_have_text("[*]:", timeout=30_000)
+    expect(page.locator("#jp-main-statusbar")).to_contain_text(f"{display} | Idle", timeout=30_000)
+    page.screenshot(path=str(lab["root"] / "killed-cell.png"))
+    run_in_last_cell(page, "print('x' in dir())")
+    expect(cells.nth(3).locator(".jp-OutputArea-output")).to_have_text("False", timeout=30_000)
+    assert page.locator(".jp-Dialog").count() == 0, "no 'kernel died' dialog"
