@@ -1,0 +1,78 @@
+"""The host's egress policy: allow-list matching, and malformed files that fail closed with file,
+line and field."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ivralo_kernel.host.egress import allow_always, load_egress_policy
+
+
+def write(ws: Path, text: str) -> Path:
+    path = ws / ".ivralo" / "permissions.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    config = tmp_path / "config-home"
+    monkeypatch.setenv("IVRALO_CONFIG_HOME", str(config))
+    return config
+
+
+@pytest.mark.parametrize(
+    ("host", "port", "verdict"),
+    [
+        ("api.example.com", 443, True),
+        ("API.Example.COM.", 443, True),
+        ("eu.data.example.org", 80, True),
+        ("example.org", 80, None),  # "*.example.org" is subdomains only
+        ("localhost", 8080, True),
+        ("localhost", 8081, None),  # the entry names one port
+        ("tracker.io", 443, None),
+    ],
+)
+def test_allow_list_matching(workspace: Path, home: Path, host: str, port: int, verdict: bool | None) -> None:
+    write(workspace, json.dumps({"hosts": {"allow": ["api.example.com", "*.example.org", "localhost:8080"]}}))
+    assert load_egress_policy(str(workspace)).judge(host, port)[0] is verdict
+
+
+def test_config_home_entries_count_too(workspace: Path, home: Path) -> None:
+    home.mkdir()
+    (home / "permissions.json").write_text(json.dumps({"hosts": {"allow": ["pypi.org"]}}))
+    assert load_egress_policy(str(workspace)).judge("pypi.org", 443) == (True, "hosts.allow")
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ('{"hosts": {"allow": ["api.example.com",]}}', "line 1: not valid JSON"),
+        ('{\n "hosts": {\n  "allow": "api.example.com"\n }\n}', 'line 3: field "hosts.allow" must be a list'),
+        (
+            '{\n "hosts": {\n  "allow": [\n   "ok.example.com",\n   "bad host"\n  ]\n }\n}',
+            'line 5: field "hosts.allow"',
+        ),
+        ('{"hosts": {"allow": ["x.example.com:99999"]}}', "port that is not 1-65535"),
+        ('["api.example.com"]', 'field "hosts" must be an object'),
+    ],
+)
+def test_malformed_files_fail_closed_naming_file_line_and_field(
+    workspace: Path, home: Path, text: str, problem: str
+) -> None:
+    path = write(workspace, text)
+    policy = load_egress_policy(str(workspace))
+    assert policy.closed
+    allowed, reason = policy.judge("ok.example.com", 443)
+    assert allowed is False, "fails closed: nothing is allowed until the file is fixed"
+    assert str(path) in reason and problem in reason
+
+
+def test_always_is_recorded_in_the_workspace(workspace: Path, home: Path) -> None:
+    path = allow_always(str(workspace), "api.example.com")
+    assert json.loads(path.read_text()) == {"hosts": {"allow": ["api.example.com"]}}
+    assert load_egress_policy(str(workspace)).judge("api.example.com", 443)[0] is True
