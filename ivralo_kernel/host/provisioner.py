@@ -24,6 +24,7 @@ from jupyter_client.provisioning.local_provisioner import LocalProvisioner
 from traitlets import Bool, Int, Unicode, validate
 
 from ivralo_kernel.host.announce import answer_lost_execution
+from ivralo_kernel.host.broker import BrokerResponder
 from ivralo_kernel.host.escalation import DeadlinePolicy
 from ivralo_kernel.host.watchdog import Loss, Watchdog, WatchdogSettings
 from ivralo_kernel.protocol import KernelPolicy, database_env_names, names, scrub
@@ -79,6 +80,7 @@ class IvraloProvisioner(LocalProvisioner):  # type: ignore[misc]
     policy_file: str | None = None
     watchdog: Watchdog | None = None
     replacements = 0  # kernels replaced after a kill, over this provisioner's life
+    broker: BrokerResponder | None = None
     _launch_args: tuple[list[str], dict[str, Any]] | None = None
     _replacing = False
 
@@ -124,6 +126,10 @@ class IvraloProvisioner(LocalProvisioner):  # type: ignore[misc]
                 "ivralo: kept %d credential variable(s) out of the kernel: %s", len(removed), ", ".join(removed)
             )
         self.policy_file = self._write_policy(policy)
+        # A fresh responder per kernel ("yes this time" lasts one worker's life); the asker stays.
+        self.broker = BrokerResponder(
+            policy.workspace, bool(policy.trusted), self.broker.asker if self.broker else None
+        )
         env[names.ENV_POLICY_FILE] = self.policy_file
         env[names.ENV_WORKSPACE] = policy.workspace
         kwargs["env"] = env
@@ -161,6 +167,7 @@ class IvraloProvisioner(LocalProvisioner):  # type: ignore[misc]
             self.log,
             exit_status=process.poll,
             on_loss=self._after_loss,
+            broker=self.broker,
         )
         self.watchdog.start()
 

@@ -61,7 +61,7 @@ class Session:
         config: WorkerConfig | None = None,
         role: str = names.ROLE_SPECIALIST,
         grants: tuple[str, ...] = (),
-        ask: Callable[[str], Awaitable[str]] | None = None,
+        ask: Callable[[str, tuple[str, ...]], Awaitable[str]] | None = None,
         approve: Callable[[str], Awaitable[bool]] | None = None,
         surface: str = "project",
         gateway_url: str | None = None,
@@ -84,6 +84,8 @@ class Session:
         self._user_interrupt = False
         self._restarts: deque[tuple[float, str]] = deque()
         self._restart_note: str | None = None
+        self._asked_s = 0.0  # time spent waiting for answers to ``ask`` during the running call
+        self._asking_since: float | None = None
 
     async def __aenter__(self) -> Session:
         return self
@@ -134,7 +136,28 @@ class Session:
             self._known_names = []
             await self._pool.release(worker)
         self._worker = await self._pool.acquire()
+        self._connect_asker(self._worker)
         return self._worker
+
+    def _connect_asker(self, worker: Worker) -> None:
+        """Questions the host has for this session (e.g. an unknown host) go to ``ask``, on our loop."""
+        broker = getattr(worker.km.provisioner, "broker", None)
+        if broker is None or self.ask is None:
+            return
+        loop, ask = asyncio.get_running_loop(), self.ask
+
+        async def asking(question: str, choices: tuple[str, ...]) -> str:
+            return str(await ask(question, choices))
+
+        def bridge(question: str, choices: tuple[str, ...]) -> str:
+            self._asking_since = time.monotonic()
+            try:
+                return asyncio.run_coroutine_threadsafe(asking(question, choices), loop).result()
+            finally:  # the person's time does not count against the call's deadline
+                self._asked_s += time.monotonic() - self._asking_since
+                self._asking_since = None
+
+        broker.asker = bridge
 
     async def _execute(self, worker: Worker, code: str) -> RunResult:
         kc = worker.kc
@@ -142,9 +165,12 @@ class Session:
         out = CellOutput()
         c = self.config
         fallback = time.monotonic() + (c.deadline_ms + c.interrupt_grace_ms) / 1000 + _FALLBACK_SLACK_S
+        self._asked_s = 0.0
         idle = False
         while not idle:
-            if time.monotonic() >= fallback:
+            asking = self._asking_since
+            paused = self._asked_s + (time.monotonic() - asking if asking is not None else 0.0)
+            if time.monotonic() >= fallback + paused:
                 return await self._lose_worker(f"timeout: execution exceeded deadline_ms={c.deadline_ms}")
             try:
                 msg = await kc.get_iopub_msg(timeout=_POLL_S)

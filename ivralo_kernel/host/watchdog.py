@@ -15,9 +15,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import queue
 import signal
 import threading
 import time
+import uuid
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,6 +28,7 @@ from typing import Any
 import zmq
 from jupyter_client.session import Session as JupyterSession
 
+from ivralo_kernel.host.broker import BrokerResponder
 from ivralo_kernel.host.escalation import Action, DeadlinePolicy, Escalation, Phase
 from ivralo_kernel.host.observer import Observer, human_bytes
 from ivralo_kernel.protocol import names
@@ -66,6 +69,7 @@ class Watchdog:
         clock: Callable[[], float] = time.monotonic,
         exit_status: Callable[[], int | None] | None = None,
         on_loss: Callable[[Loss], None] | None = None,
+        broker: BrokerResponder | None = None,
     ) -> None:
         self.settings = settings
         self.root_pid = root_pid
@@ -75,6 +79,9 @@ class Watchdog:
         self._on_loss = on_loss
         self.running: OrderedDict[str, dict[str, Any]] = OrderedDict()  # msg_id -> request header
         self._requesters: dict[str, tuple[bytes, ...]] = {}
+        self.broker = broker
+        self.comm_id = uuid.uuid4().hex
+        self._outbox: queue.SimpleQueue[tuple[str, dict[str, Any]]] = queue.SimpleQueue()
         self._log = log or logging.getLogger(__name__)
         self._clock = clock
         self.observer = Observer(root_pid, settings.stall_window_ms, clock)
@@ -135,6 +142,13 @@ class Watchdog:
         control = context.socket(zmq.DEALER)
         control.setsockopt(zmq.IDENTITY, self._session.bsession)
         control.connect(self._url("control"))
+        shell = context.socket(zmq.DEALER)
+        shell.setsockopt(zmq.IDENTITY, self._session.bsession)
+        shell.connect(self._url("shell"))
+        if self.broker is not None:  # the host opens the broker comm; ZMQ queues it until the kernel is up
+            self._session.send(
+                shell, "comm_open", {"comm_id": self.comm_id, "target_name": names.COMM_TARGET, "data": {}}
+            )
         poller = zmq.Poller()
         poller.register(iopub, zmq.POLLIN)
         poller.register(control, zmq.POLLIN)
@@ -149,6 +163,9 @@ class Watchdog:
                     self._drain(iopub, self._on_iopub)
                 if control in events:
                     self._drain(control, self._on_control)
+                while not self._outbox.empty():
+                    req_id, answer = self._outbox.get()
+                    self._send(control, names.MSG_BROKER_REPLY, {"req_id": req_id, "answer": answer})
                 now = self._clock()
                 if now >= next_sample:
                     next_sample = now + poll_s
@@ -160,6 +177,7 @@ class Watchdog:
         finally:
             iopub.close(linger=0)
             control.close(linger=0)
+            shell.close(linger=0)
             context.term()
 
     def _wakeups(self, now: float) -> list[float]:
@@ -178,6 +196,9 @@ class Watchdog:
 
     def _on_iopub(self, msg: dict[str, Any]) -> None:
         self.observer.ready = True
+        if msg["header"]["msg_type"] == "comm_msg":
+            self._on_broker_request(msg)
+            return
         if msg["header"]["msg_type"] != "status":
             return
         parent = msg.get("parent_header") or {}
@@ -201,6 +222,25 @@ class Watchdog:
                 self.observer.busy = False
                 if msg_id in self.escalations:
                     self.escalations[msg_id].on_idle(now)
+
+    def _on_broker_request(self, msg: dict[str, Any]) -> None:
+        content = msg.get("content") or {}
+        if self.broker is None or content.get("comm_id") != self.comm_id:
+            return
+        request = content.get("data")
+        req_id = request.get("req_id") if isinstance(request, dict) else None
+        parent_id = (msg.get("parent_header") or {}).get("msg_id")
+        with self._lock:
+            execution = parent_id if parent_id in self.running else None
+
+        def reply(answer: dict[str, Any]) -> None:  # from this thread or an asking thread
+            self._outbox.put((str(req_id), answer))
+
+        def pause(on: bool) -> None:
+            if execution is not None:
+                (self.pause if on else self.resume)(execution)
+
+        self.broker.answer(request, execution, reply, pause)
 
     def _on_control(self, msg: dict[str, Any]) -> None:
         parent_id = (msg.get("parent_header") or {}).get("msg_id")

@@ -25,6 +25,8 @@ from typing import Any
 from ipykernel.ipkernel import IPythonKernel
 
 from ivralo_kernel import __version__
+from ivralo_kernel.guards.network import hosts_tried_line
+from ivralo_kernel.kernel.broker_client import BROKER
 from ivralo_kernel.kernel.deadline import DeadlineNotices, InKernelWatchdog, SupervisorBackstop
 from ivralo_kernel.kernel.launch_state import STATE
 from ivralo_kernel.protocol import names
@@ -53,11 +55,14 @@ class IvraloKernel(IPythonKernel):
         self._executing: str | None = None
         assert self.shell is not None
         self.shell.set_custom_exc((KeyboardInterrupt,), _show_interrupt)
+        # The host opens the broker comm (a frontend closes kernel-opened comms it does not know).
+        self.comm_manager.register_target(names.COMM_TARGET, lambda comm, _msg: BROKER.attach(comm))
         policy = STATE.policy
         self._backstop: SupervisorBackstop | None = None
         self._watchdog: InKernelWatchdog | None = None
         if policy and policy.deadline_ms and STATE.pipe is not None and STATE.pipe.connected:
             self._backstop = SupervisorBackstop(policy.deadline_ms, policy.interrupt_grace_ms, STATE.pipe)
+            BROKER.on_wait = (self._backstop.pause, self._backstop.resume)
             if not policy.host_enforces_deadline:
                 self._watchdog = InKernelWatchdog(policy.deadline_ms, self.deadline_notices)
 
@@ -97,6 +102,8 @@ class IvraloKernel(IPythonKernel):
     ) -> dict[str, Any]:
         msg_id = self.get_parent("shell").get("header", {}).get("msg_id")
         self._executing = msg_id
+        if STATE.network is not None:
+            STATE.network.take_attempts()  # each cell lists only the hosts it tried
         if self._backstop is not None:
             due = self._backstop.started()
             if self._watchdog is not None and msg_id:
@@ -105,6 +112,9 @@ class IvraloKernel(IPythonKernel):
             reply: dict[str, Any] = await super().do_execute(
                 code, silent, store_history, user_expressions, allow_stdin, cell_meta=cell_meta, cell_id=cell_id
             )
+            attempts = STATE.network.take_attempts() if STATE.network is not None else {}
+            if attempts and not silent:  # after the cell's output, in it: the stored run keeps it
+                print(hosts_tried_line(attempts), flush=True)
             return reply
         finally:
             if self._watchdog is not None:
@@ -154,6 +164,9 @@ class IvraloKernel(IPythonKernel):
             interrupted = True
         reply = {"status": "ok" if ok else "error", "interrupted": interrupted}
         self._reply(stream, ident, parent, "ivralo_deadline_notice_reply", reply)
+
+    async def ivralo_broker_reply(self, stream: Any, ident: Any, parent: dict[str, Any]) -> None:
+        BROKER.deliver(parent.get("content", {}))
 
     async def ivralo_status_request(self, stream: Any, ident: Any, parent: dict[str, Any]) -> None:
         self._reply(stream, ident, parent, "ivralo_status_reply", {"status": "ok", "executing": self._executing})

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from ivralo_kernel.guards.network import NetworkGuard
     from ivralo_kernel.kernel.stages import SupervisorPipe
     from ivralo_kernel.protocol import KernelPolicy
 
@@ -21,6 +22,7 @@ class LaunchState:
     notes: list[str] = field(default_factory=list)  # things the person should know (banner)
     policy: KernelPolicy | None = None
     pipe: SupervisorPipe | None = None
+    network: NetworkGuard | None = None
 
 
 STATE = LaunchState()

@@ -20,6 +20,7 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from typing import Any
 
 from ivralo_kernel.guards import apply_limits, scrub_environ
@@ -28,10 +29,13 @@ from ivralo_kernel.guards.fs import FsPolicy
 from ivralo_kernel.guards.history import History
 from ivralo_kernel.guards.landlock import LandlockRules
 from ivralo_kernel.guards.landlock import apply as apply_landlock
+from ivralo_kernel.guards.network import install_network_guard
+from ivralo_kernel.kernel.broker_client import BROKER, BrokerUnavailable
 from ivralo_kernel.kernel.launch_state import STATE
 from ivralo_kernel.kernel.stages import SupervisorPipe, write_failure
 from ivralo_kernel.protocol import KernelPolicy, default_memory_limit, names
 from ivralo_kernel.protocol.credentials import config_home
+from ivralo_kernel.protocol.egress import load_egress_policy
 from ivralo_kernel.protocol.trust import is_trusted
 
 
@@ -92,6 +96,27 @@ def _apply_landlock(policy: KernelPolicy, workspace: str, tmp: str) -> str:
         STATE.notes.append(result.reason)
         return f"unavailable: {result.reason}"
     return f"ABI {result.abi}: {', '.join(result.handled)}"
+
+
+# Asking a person may take a while; the host pauses the cell's deadline meanwhile.
+EGRESS_ANSWER_TIMEOUT_S = 600.0
+
+
+def _egress_judge(workspace: str) -> Callable[[str, int | None], tuple[bool, str]]:
+    """Who decides: the host over the broker when one is attached (it may ask the person);
+    otherwise (a launch without our host) the allow list alone, and nobody to ask."""
+
+    def judge(host: str, port: int | None) -> tuple[bool, str]:
+        try:
+            answer = BROKER.ask(names.BROKER_EGRESS, {"host": host, "port": port}, EGRESS_ANSWER_TIMEOUT_S)
+        except BrokerUnavailable:
+            allowed, reason = load_egress_policy(workspace, os.environ).judge(host, port)
+            return (True, reason) if allowed else (False, "no ivralo host is attached to ask")
+        except TimeoutError:
+            return False, "the ivralo host did not answer"
+        return bool(answer.get("allowed")), str(answer.get("reason") or "refused by the host")
+
+    return judge
 
 
 def _ensure_ipython_profile() -> None:
@@ -166,8 +191,11 @@ def main() -> None:
         }
         reporter.reached_stage(names.STAGE_GUARDS_INSTALLED)
 
+        STATE.network = install_network_guard(_egress_judge(workspace))
+        STATE.layers["network_guard"] = "audit hook, asks the host"
         app = _build_app()  # step 6
         file_guard.starting = False  # from here on, the kernel's own folders are closed too
+        STATE.network.starting = False
         if trusted:
             _add_workspace_to_path()  # step 1, second half
         else:

@@ -59,7 +59,13 @@ KERNEL_INFO_SECTION: Final = "ivralo"
 # Custom control-channel message types (host -> kernel). Control is served while a cell runs.
 MSG_DEADLINE_NOTICE: Final = "ivralo_deadline_notice"  # "the next interrupt is a deadline"
 MSG_STATUS_REQUEST: Final = "ivralo_status_request"  # "which execution is running?"
-CONTROL_MSG_TYPES: Final = (MSG_DEADLINE_NOTICE, MSG_STATUS_REQUEST)
+MSG_BROKER_REPLY: Final = "ivralo_broker_reply"  # the host's answer to a broker request
+CONTROL_MSG_TYPES: Final = (MSG_DEADLINE_NOTICE, MSG_STATUS_REQUEST, MSG_BROKER_REPLY)
+
+# The broker comm: opened by the host (a frontend closes kernel-opened comms it does not know);
+# requests travel as comm_msg on IOPub, tied to the running execution by their parent header.
+COMM_TARGET: Final = "ivralo.broker"
+BROKER_EGRESS: Final = "egress"  # {"host": str, "port": int | None} -> {"allowed": bool, "reason": str}
 
 # Lines the kernel writes to the supervisor's pipe (ENV_STAGE_FD), one per line.
 PIPE_STAGE: Final = "stage:"  # + stage name

@@ -1,0 +1,117 @@
+"""[protocol] The egress policy file format: which hosts code in a kernel may reach.
+
+Sources, merged: ``<workspace>/.ivralo/permissions.json`` and ``<config home>/permissions.json``,
+each ``{"hosts": {"allow": ["api.example.com", "*.example.com", "127.0.0.1:8080"]}}``. A name
+matches exactly (case-insensitive); ``*.example.com`` matches any subdomain (not example.com
+itself); ``host:port`` limits an entry to one port. Everything else is unknown (asked about, or
+refused when nobody can answer).
+
+A malformed file is reported with its path, line and field, and the policy then **fails closed**:
+nothing from any file is allowed until the file is fixed, because a half-read grant list is a
+grant list nobody wrote.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ivralo_kernel.protocol import names
+from ivralo_kernel.protocol.credentials import config_home
+
+PERMISSIONS_FILE = "permissions.json"
+
+
+@dataclass(frozen=True)
+class AllowEntry:
+    host: str  # lower-cased; may start with "*."
+    port: int | None = None
+
+    def matches(self, host: str, port: int | None) -> bool:
+        if self.port is not None and port != self.port:
+            return False
+        if self.host.startswith("*."):
+            return host.endswith(self.host[1:]) and host != self.host[2:]
+        return fnmatch.fnmatchcase(host, self.host) if "*" in self.host else host == self.host
+
+
+@dataclass(frozen=True)
+class EgressPolicy:
+    allow: tuple[AllowEntry, ...] = ()
+    problems: tuple[str, ...] = field(default=())
+
+    @property
+    def closed(self) -> bool:
+        """A file could not be read: refuse everything, and say which file to fix."""
+        return bool(self.problems)
+
+    def judge(self, host: str, port: int | None) -> tuple[bool | None, str]:
+        """(True: allowed | False: refused | None: unknown, the reason in a few words)."""
+        host = host.lower().rstrip(".")
+        if self.closed:
+            return False, f"the permissions file is malformed ({self.problems[0]})"
+        for entry in self.allow:
+            if entry.matches(host, port):
+                return True, "hosts.allow"
+        return None, "not in hosts.allow"
+
+
+def _parse_entry(text: str, where: str) -> AllowEntry:
+    host, sep, port = text.strip().rpartition(":") if text.count(":") == 1 else (text.strip(), "", "")
+    if not sep:
+        host, port = text.strip(), ""
+    if not host or any(c.isspace() for c in host):
+        raise ValueError(f'{where}: "{text}" is not a host name')
+    if port and not (port.isdigit() and 0 < int(port) < 65536):
+        raise ValueError(f'{where}: "{text}" has a port that is not 1-65535')
+    return AllowEntry(host.lower().rstrip("."), int(port) if port else None)
+
+
+def _line_of(text: str, needle: str) -> int:
+    index = text.find(json.dumps(needle))
+    return text.count("\n", 0, index) + 1 if index >= 0 else 1
+
+
+def read_permissions(path: Path) -> tuple[list[AllowEntry], list[str]]:
+    """Entries and problems (each naming the file, the line and the field) from one file."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return [], []
+    except OSError as exc:
+        return [], [f"{path}: cannot be read ({exc.strerror})"]
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        return [], [f"{path}: line {exc.lineno}: not valid JSON ({exc.msg})"]
+    hosts = data.get("hosts", {}) if isinstance(data, dict) else None
+    if not isinstance(hosts, dict):
+        return [], [f'{path}: line 1: field "hosts" must be an object like {{"allow": ["api.example.com"]}}']
+    allow = hosts.get("allow", [])
+    if not isinstance(allow, list):
+        return [], [f'{path}: line {_line_of(text, "allow")}: field "hosts.allow" must be a list of host names']
+    entries, problems = [], []
+    for item in allow:
+        where = f'{path}: line {_line_of(text, str(item))}: field "hosts.allow"'
+        if not isinstance(item, str):
+            problems.append(f"{where}: {item!r} is not a string")
+            continue
+        try:
+            entries.append(_parse_entry(item, where))
+        except ValueError as exc:
+            problems.append(str(exc))
+    return entries, problems
+
+
+def load_egress_policy(workspace: str, env: Mapping[str, str] = os.environ) -> EgressPolicy:
+    entries: list[AllowEntry] = []
+    problems: list[str] = []
+    for path in (Path(workspace) / names.STATE_DIR / PERMISSIONS_FILE, config_home(env) / PERMISSIONS_FILE):
+        found, wrong = read_permissions(path)
+        entries += found
+        problems += wrong
+    return EgressPolicy(tuple(entries), tuple(problems))
