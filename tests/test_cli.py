@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pexpect
+import psutil
 import pytest
 
 from ivralo_kernel.cli import main
@@ -80,7 +81,14 @@ def test_jupyter_console(tmp_path: Path) -> None:
         child.sendline("exit")
         child.expect(pexpect.EOF)
     except pexpect.TIMEOUT:
-        raise AssertionError(f"jupyter console did not answer; the screen so far: {child.before!r}") from None
+        kernels = [
+            p.info
+            for p in psutil.process_iter(["pid", "status", "cmdline"])
+            if "ivralo_kernel.kernel" in " ".join(p.info["cmdline"] or [])
+        ]
+        raise AssertionError(
+            f"jupyter console did not answer; the screen so far: {child.before!r}; kernels: {kernels}"
+        ) from None
     finally:
         child.close(force=True)
     assert child.exitstatus == 0
