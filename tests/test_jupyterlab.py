@@ -10,17 +10,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
-import socket
-import subprocess
-import sys
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from servers import jupyter_server
 
 from ivralo_kernel.cli.install import install
 
@@ -46,12 +42,6 @@ CHROMIUM_ARGS = [
 DEADLINE_MS = 2000
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     root = tmp_path_factory.mktemp("lab")
@@ -69,49 +59,12 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     )
     nbdir = root / "notebooks"
     nbdir.mkdir()
-    port = free_port()
-    log = open(root / "lab.log", "w")
-    cmd = [
-        sys.executable,
-        "-m",
-        "jupyterlab",
-        "--no-browser",
-        "--ServerApp.ip=127.0.0.1",
-        f"--ServerApp.port={port}",
-        "--ServerApp.port_retries=0",
-        f"--IdentityProvider.token={TOKEN}",
-        f"--ServerApp.root_dir={nbdir}",
-        "--ServerApp.allow_root=True",
-        "--LabApp.news_url=None",
-        "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+    lab_args = (
+        "--no-browser", "--LabApp.news_url=None", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
         "--LabApp.extension_manager=readonly",
-    ]
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        import urllib.request
-
-        deadline = time.monotonic() + 90
-        while True:
-            assert proc.poll() is None, (root / "lab.log").read_text()[-3000:]
-            try:
-                request = urllib.request.Request(f"{url}/api/status", headers={"Authorization": f"token {TOKEN}"})
-                with urllib.request.urlopen(request, timeout=2) as response:
-                    if response.status == 200:
-                        break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, "JupyterLab did not come up"
-            time.sleep(0.1)
+    )  # fmt: skip
+    with jupyter_server("jupyterlab", nbdir, TOKEN, *lab_args) as url:
         yield {"url": url, "nbdir": nbdir, "root": root}
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        log.close()
 
 
 @pytest.fixture(scope="module")

@@ -5,10 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -19,6 +15,7 @@ from typing import Any
 import pytest
 import requests
 import websocket
+from servers import jupyter_server
 
 from ivralo_kernel.cli.install import install
 
@@ -28,60 +25,21 @@ BOUND_S = (DEADLINE_MS + GRACE_MS + 250) / 1000 + 0.75  # + liveness slack for a
 INTERRUPTED = f"interrupted: exceeded deadline_ms={DEADLINE_MS}; namespace preserved (partial side effects possible)"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     prefix = Path(os.environ["JUPYTER_PATH"]).parents[1]
     install(
         prefix=str(prefix),
         name="ivralo-deadline",
+        display_name="Python (ivralo, server deadline test)",
         provisioner_config={
             "deadline_ms": DEADLINE_MS,
             "interrupt_grace_ms": GRACE_MS,
         },
     )
     root = tmp_path_factory.mktemp("server-root")
-    port = free_port()
-    log = open(root / "server.log", "w")
-    cmd = [
-        sys.executable,
-        "-m",
-        "jupyter_server",
-        "--ServerApp.ip=127.0.0.1",
-        f"--ServerApp.port={port}",
-        "--ServerApp.port_retries=0",
-        f"--IdentityProvider.token={TOKEN}",
-        f"--ServerApp.root_dir={root}",
-        "--ServerApp.allow_root=True",
-        "--ServerApp.open_browser=False",
-    ]
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, (root / "server.log").read_text()
-            try:
-                if requests.get(f"{url}/api/status", headers=auth(), timeout=2).status_code == 200:
-                    break
-            except requests.ConnectionError:
-                pass
-            assert time.monotonic() < deadline, "jupyter_server did not come up"
-            time.sleep(0.05)
+    with jupyter_server("jupyter_server", root, TOKEN) as url:
         yield url
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        log.close()
 
 
 def auth() -> dict[str, str]:
@@ -144,6 +102,54 @@ class Browser:
                 outputs.append(msg)
         return reply, outputs, time.monotonic() - start
 
+    def wait_until_answered(self, timeout: float) -> None:
+        """What jupyter_client's wait_for_ready does: ask kernel_info until a kernel answers it on shell
+        AND its status for that request arrives on IOPub (both channels are back)."""
+        start = time.monotonic()
+        while time.monotonic() - start < timeout:
+            msg_id = uuid.uuid4().hex
+            header = {
+                "msg_id": msg_id,
+                "msg_type": "kernel_info_request",
+                "username": "browser",
+                "session": self.session,
+                "version": "5.4",
+                "date": datetime.now(UTC).isoformat(),
+            }
+            self.ws.send(
+                json.dumps(
+                    {
+                        "header": header,
+                        "parent_header": {},
+                        "metadata": {},
+                        "content": {},
+                        "channel": "shell",
+                        "buffers": [],
+                    }
+                )
+            )
+            replied = on_iopub = False
+            asked = time.monotonic()
+            while time.monotonic() - asked < 1.0 and not (replied and on_iopub):
+                try:
+                    self.ws.settimeout(0.2)
+                    msg = json.loads(self.ws.recv())
+                except websocket.WebSocketTimeoutException:
+                    continue
+                finally:
+                    self.ws.settimeout(30)
+                if msg.get("parent_header", {}).get("msg_id") != msg_id:
+                    continue
+                if msg["msg_type"] == "kernel_info_reply":
+                    if msg["content"].get("status") != "ok":
+                        break  # answered by the host while it was replacing the kernel: ask again
+                    replied = True
+                elif msg["msg_type"] == "status":
+                    on_iopub = True
+            if replied and on_iopub:
+                return
+        raise AssertionError(f"no kernel answered kernel_info on shell and IOPub within {timeout} s")
+
     def close(self) -> None:
         self.ws.close()
 
@@ -188,6 +194,7 @@ def test_a_kill_answers_the_cell_and_replaces_the_kernel_without_a_restart(serve
         assert errors[0].endswith("All variables were lost; a fresh kernel is running now: re-run the cells you need.")
         states = [o["content"]["execution_state"] for o in outputs if o["msg_type"] == "status"]
         assert "restarting" not in states and "dead" not in states
+        browser.wait_until_answered(timeout=30)  # the fresh kernel is up, as a frontend finds out
         reply, outputs, _ = browser.execute("print('fresh', 'x' in dir())", timeout=60)
         assert [o["content"]["text"] for o in outputs if o["msg_type"] == "stream"] == ["fresh False\n"]
         model = requests.get(f"{server}/api/kernels/{kernel_id}", headers=auth(), timeout=10).json()

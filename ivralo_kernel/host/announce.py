@@ -18,6 +18,31 @@ from jupyter_client.session import Session as JupyterSession
 
 RECONNECT_WAIT_S = 2.5  # how long clients get to reconnect to us (libzmq retries every 100 ms)
 SUBSCRIBERS_SETTLE_S = 0.5  # after a subscriber is back, how long we wait for the next one
+HOLD_S = 0.3  # how long the shell port stays ours after the answer, to answer a quick next request
+
+
+NOT_RUN = "ivralo was starting a fresh kernel when this request arrived, so it did not run. Run it again."
+
+
+def _refuse_while_replacing(session: JupyterSession, shell: zmq.Socket[Any], iopub: zmq.Socket[Any]) -> None:
+    """Answer one request that reached us instead of the (replaced) kernel."""
+    frames = shell.recv_multipart()
+    try:
+        idents, parts = session.feed_identities(frames)
+        request = session.deserialize(parts, content=False)
+    except (ValueError, KeyError):
+        return  # not a signed request: nothing to answer
+    header = request["header"]
+    msg_type = str(header.get("msg_type", ""))
+    if not msg_type.endswith("_request"):
+        return
+    error = {"ename": "KernelRestarting", "evalue": NOT_RUN, "traceback": [NOT_RUN]}
+    reply_type = msg_type.removesuffix("_request") + "_reply"
+    session.send(iopub, "status", {"execution_state": "busy"}, parent=request)
+    if msg_type == "execute_request":
+        session.send(iopub, "error", error, parent=request)
+    session.send(shell, reply_type, {"status": "error", "execution_count": None, **error}, parent=request, ident=idents)
+    session.send(iopub, "status", {"execution_state": "idle"}, parent=request)
 
 
 def _url(info: dict[str, Any], channel: str) -> str:
@@ -67,8 +92,13 @@ def answer_lost_execution(
                 delivered = True
             except zmq.ZMQError:  # EHOSTUNREACH: that client's shell socket is not back yet
                 time.sleep(0.01)
-        # Close the shell port at once: a client sends its next request as soon as it has the
-        # reply, and a request we received would be lost (its socket reconnects to the new kernel).
+        # A client may send its next request (JupyterLab's "Run All") the moment it has the reply.
+        # While we still hold the port, such a request is answered, not lost: it did not run, and
+        # the person is told to run it again. After we close, clients queue until the new kernel binds.
+        hold_until = time.monotonic() + HOLD_S
+        while (left := hold_until - time.monotonic()) > 0:
+            if shell.poll(max(1, int(left * 1000))):
+                _refuse_while_replacing(session, shell, iopub)
         shell.close(linger=500)
         # A subscriber that came back only now missed the answer: publish again. Tabs that already
         # had it show the message twice, which beats a cell stuck at [*].
