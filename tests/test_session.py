@@ -58,3 +58,25 @@ def test_sync_session_for_scripts(workspace: Path) -> None:
     with SyncSession(workspace=workspace) as session:
         assert session.run("y = 'sync'") == ""
         assert session.run("print(y)") == "sync\n"
+
+
+async def test_namespace_api(workspace: Path) -> None:
+    import pandas as pd
+
+    async with Session(workspace=workspace) as session:
+        await session.set_var("config", {"rows": 3, "names": ["a", "b"]})
+        assert await session.get_var("config") == {"rows": 3, "names": ["a", "b"]}
+        assert await session.run("print(config['rows'] * 2)") == "6\n"
+        await session.inject_dataframe("df", pd.DataFrame({"a": [1, 2, 3]}))
+        assert await session.run("print(int(df.a.sum()))") == "6\n"
+        assert await session.snapshot() == {"config": "dict", "df": "DataFrame"}
+        assert await session.list_vars() == ["config", "df"]
+        try:
+            await session.get_var("not a name")
+        except ValueError as exc:
+            assert "not a Python variable name" in str(exc)
+        else:
+            raise AssertionError("a bad name must be refused")
+        await session.reset()
+        assert await session.list_vars() == []
+        assert await session.run("print('config' in dir())") == "False\n"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import json
 import logging
 import os
 import queue
@@ -295,8 +296,75 @@ class Session:
                 await self._pool.close()
 
     async def list_vars(self) -> list[str]:
-        """Names of the variables the last successful call left (no values)."""
+        """Names of the variables in the namespace now (no values)."""
+        content = await self._namespace("pass", {"names": _NAMES_EXPR})
+        self._known_names = _names_from(content.get("user_expressions", {}).get("names"))
         return list(self._known_names)
+
+    async def get_var(self, name: str) -> Any:
+        """The value of ``name``, as JSON carries it (numbers, strings, lists, dicts, None)."""
+        _check_name(name)
+        expression = f"__import__('json').dumps({name})"
+        content = await self._namespace("pass", {"value": expression})
+        result = content.get("user_expressions", {}).get("value", {})
+        if result.get("status") != "ok":
+            raise ValueError(f"{name}: {result.get('ename')}: {result.get('evalue')}")
+        return json.loads(ast.literal_eval(result["data"]["text/plain"]))
+
+    async def set_var(self, name: str, value: Any) -> None:
+        """Bind ``name`` in the namespace to a JSON-serialisable ``value``."""
+        _check_name(name)
+        await self._namespace(f"{name} = __import__('json').loads({json.dumps(value)!r})", {})
+        self._known_names = sorted({*self._known_names, name})
+
+    async def snapshot(self) -> dict[str, str]:
+        """Each variable's type name (values stay in the worker)."""
+        expression = (
+            "{k: type(v).__name__ for k, v in get_ipython().user_ns.items() "
+            "if not k.startswith('_') and k not in get_ipython().user_ns_hidden}"
+        )
+        content = await self._namespace("pass", {"types": expression})
+        result = content.get("user_expressions", {}).get("types", {})
+        types = ast.literal_eval(result["data"]["text/plain"]) if result.get("status") == "ok" else {}
+        return {str(k): str(v) for k, v in sorted(types.items())}
+
+    async def reset(self) -> None:
+        """Empty the namespace; the worker keeps running."""
+        await self._namespace("get_ipython().reset(new_session=False)", {})
+        self._known_names = []
+
+    async def inject_dataframe(self, name: str, frame: Any) -> None:
+        """Bind ``name`` to a copy of a pandas DataFrame (sent as JSON, split orientation)."""
+        _check_name(name)
+        payload = frame.to_json(orient="split", date_format="iso")
+        code = f"import io as _io, pandas as _pd\n{name} = _pd.read_json(_io.StringIO({payload!r}), orient='split')"
+        await self._namespace(code, {})
+        self._known_names = sorted({*self._known_names, name})
+
+    async def _namespace(self, code: str, expressions: dict[str, str]) -> dict[str, Any]:
+        """A silent execution for the namespace API, bounded by ``namespace_timeout_ms`` (not lethal)."""
+        async with self._lock:
+            worker = await self._ensure_started()
+            msg_id = worker.kc.execute(code, silent=True, store_history=False, user_expressions=expressions)
+            reply = await self._shell_reply(worker.kc, msg_id)
+        if reply is None:
+            raise NamespaceTimeoutError(
+                f"the namespace request did not answer within namespace_timeout_ms={self.config.namespace_timeout_ms}; "
+                "the worker is still alive (a long call may be running)"
+            )
+        content: dict[str, Any] = reply["content"]
+        if content.get("status") != "ok":
+            raise ValueError(f"{content.get('ename')}: {content.get('evalue')}")
+        return content
+
+
+class NamespaceTimeoutError(TimeoutError):
+    """A namespace request did not answer in time; the worker and its namespace are untouched."""
+
+
+def _check_name(name: str) -> None:
+    if not name.isidentifier():
+        raise ValueError(f"{name!r} is not a Python variable name")
 
 
 def _exit_description(code: int | None) -> str:
@@ -340,6 +408,21 @@ class SyncSession:
 
     def list_vars(self) -> list[str]:
         return self._call(self._session.list_vars())
+
+    def get_var(self, name: str) -> Any:
+        return self._call(self._session.get_var(name))
+
+    def set_var(self, name: str, value: Any) -> None:
+        self._call(self._session.set_var(name, value))
+
+    def snapshot(self) -> dict[str, str]:
+        return self._call(self._session.snapshot())
+
+    def reset(self) -> None:
+        self._call(self._session.reset())
+
+    def interrupt(self) -> dict[str, str] | None:
+        return self._call(self._session.interrupt())
 
     @property
     def pid(self) -> int | None:
