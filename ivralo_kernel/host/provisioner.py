@@ -189,7 +189,9 @@ class IvraloProvisioner(LocalProvisioner):  # type: ignore[misc]
             if loss.parent:
                 answer_lost_execution(dict(self.connection_info), loss.parent, loss.requester, text)
             cmd, kwargs = self._launch_args
-            self.process = launch_kernel(cmd, **kwargs)
+            env = dict(kwargs.get("env") or os.environ)
+            env[names.ENV_REPLACEMENT] = "1"  # it holds requests until its IOPub subscribers are back
+            self.process = launch_kernel(cmd, **{**kwargs, "env": env})
             self.pid = self.pgid = self.process.pid  # a session leader: pid = pgid
             self.replacements += 1
             self.log.warning("ivralo: replaced the kernel after %s (%d so far)", loss.cause, self.replacements)

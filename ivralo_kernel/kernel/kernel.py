@@ -55,6 +55,7 @@ class IvraloKernel(IPythonKernel):
         self._executing: str | None = None
         assert self.shell is not None
         self.shell.set_custom_exc((KeyboardInterrupt,), _show_interrupt)
+        self._replacement_gate = _ReplacementGate(self) if os.environ.pop(names.ENV_REPLACEMENT, "") else None
         # The host opens the broker comm (a frontend closes kernel-opened comms it does not know).
         self.comm_manager.register_target(names.COMM_TARGET, lambda comm, _msg: BROKER.attach(comm))
         policy = STATE.policy
@@ -87,6 +88,12 @@ class IvraloKernel(IPythonKernel):
             "scrubbed": list(STATE.scrubbed),
         }
         return info
+
+    async def should_handle(self, stream: Any, msg: Any, idents: Any) -> bool:  # type: ignore[override]
+        if self._replacement_gate is not None:
+            await self._replacement_gate.wait()
+            self._replacement_gate = None
+        return bool(super().should_handle(stream, msg, idents))
 
     # -- execution -------------------------------------------------------------------------
     async def do_execute(  # type: ignore[override]
@@ -222,3 +229,21 @@ def _show_interrupt(shell: Any, etype: type, value: BaseException, tb: Any, tb_o
         stb = [DeadlineNotices.text(deadline_ms)]
     shell._showtraceback(etype, value, stb)
     return stb
+
+
+class _ReplacementGate:
+    """A kernel that replaces a killed one binds the same ports; clients reconnect on their own
+    (libzmq retries every 100 ms), the shell socket sometimes before the IOPub one, and a request
+    served then would lose its output. So the first requests wait until ``SETTLE_S`` after this
+    kernel bound its ports. (ipykernel's XPUB reports only the first subscriber, so counting them
+    is not possible without touching its IOPub thread.)"""
+
+    SETTLE_S = 0.6
+
+    def __init__(self, kernel: IvraloKernel) -> None:
+        self.until = time.monotonic() + self.SETTLE_S
+
+    async def wait(self) -> None:
+        delay = self.until - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)

@@ -21,6 +21,7 @@ ENV_RLIMIT_NOFILE: Final = "IVRALO_RLIMIT_NOFILE"
 ENV_ROLE: Final = "IVRALO_ROLE"
 ENV_DEADLINE_MS: Final = "IVRALO_DEADLINE_MS"
 ENV_HISTORY_CAP: Final = "IVRALO_HISTORY_CAP_BYTES"
+ENV_REPLACEMENT: Final = "IVRALO_REPLACEMENT"  # "1": this kernel replaces one the watchdog killed
 ENV_LANDLOCK: Final = "IVRALO_LANDLOCK"  # "off" turns the OS write floor off (tests, diagnosis)
 ENV_TMPDIR: Final = "IVRALO_TMPDIR"  # the kernel's private temp folder, made and removed by the supervisor
 ENV_INTERRUPT_GRACE_MS: Final = "IVRALO_INTERRUPT_GRACE_MS"
