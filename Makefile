@@ -34,6 +34,8 @@ demo: $(VENV)/.installed
 	rm -rf .demo-workspace && mkdir .demo-workspace
 	DEMO_API_KEY=sk-demo-not-for-the-kernel $(VENV)/bin/ivralo-kernel run notebooks/tour.ipynb \
 		--workspace .demo-workspace --memory-limit 1073741824
+	@echo "Kept by the write guard before the tour overwrote a file (.demo-workspace/.ivralo/history/):"
+	@cat .demo-workspace/.ivralo/history/index.jsonl
 
 test: $(VENV)/.installed-test lint
 	$(PY) -m pytest

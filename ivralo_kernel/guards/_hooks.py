@@ -193,13 +193,16 @@ class TrustGate(importlib.abc.MetaPathFinder):
             inside = inside or [self.workspace]
         spec = importlib.machinery.PathFinder.find_spec(fullname, inside) if inside else None
         if spec is not None:
-            raise TrustGateError(
-                f"{fullname!r} lives in {self.workspace}, a folder that is not trusted, so the trust gate does "
-                f"not import its own code. Stop and tell the person; they can trust the folder with: "
-                f"ivralo-kernel trust {self.workspace}",
-                name=fullname,
-            )
+            self.refuse(fullname)
         return None
+
+    def refuse(self, fullname: str) -> None:
+        raise TrustGateError(
+            f"{fullname!r} lives in {self.workspace}, a folder that is not trusted, so the trust gate does "
+            f"not import its own code. Stop and tell the person; they can trust the folder with: "
+            f"ivralo-kernel trust {self.workspace}",
+            name=fullname,
+        )
 
 
 class _LastResort(importlib.abc.MetaPathFinder):
@@ -211,8 +214,10 @@ class _LastResort(importlib.abc.MetaPathFinder):
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
     ) -> importlib.machinery.ModuleSpec | None:
-        if path is None:
-            return self.gate.find_spec(fullname, [self.gate.workspace], target)
+        if path is None and fullname.split(".")[0] != OWN_PACKAGE:
+            # Every other finder failed; if the module is a file of the workspace itself, say why.
+            if importlib.machinery.PathFinder.find_spec(fullname, [self.gate.workspace]) is not None:
+                self.gate.refuse(fullname)
         return None
 
 
