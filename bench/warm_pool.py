@@ -13,6 +13,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -36,9 +37,17 @@ def pct(values: list[float], q: float) -> float:
 
 
 async def main(trials: int) -> dict[str, object]:
+
+    base = isolate()
+    try:
+        return await measure(base / "ws", trials)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+async def measure(workspace: Path, trials: int) -> dict[str, object]:
     from ivralo_kernel.host import Session, WorkerConfig, WorkerPool
 
-    workspace = isolate() / "ws"
     warm: list[float] = []
     cold: list[float] = []
     async with WorkerPool(workspace, WorkerConfig(prewarm_pool_size=1)) as pool:
@@ -62,8 +71,10 @@ async def main(trials: int) -> dict[str, object]:
     for name in ("warm", "cold"):
         stats = result[f"{name}_ms"]
         assert isinstance(stats, dict)
-        print(f"  {name} ({'prewarmed spare' if name == 'warm' else 'starts its own worker'}):"
-              f"{stats['median']:>22.1f} {stats['p95']:>8.1f} {stats['max']:>8.1f}")
+        print(
+            f"  {name} ({'prewarmed spare' if name == 'warm' else 'starts its own worker'}):"
+            f"{stats['median']:>22.1f} {stats['p95']:>8.1f} {stats['max']:>8.1f}"
+        )
     warm_ms = result["warm_ms"]
     assert isinstance(warm_ms, dict)
     print(f"target warm p50 <= 50 ms: {'MET' if warm_ms['median'] <= 50 else 'MISSED'}")
