@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import os
 import shutil
 import signal
@@ -58,6 +57,7 @@ from startup_latency import (
     isolate_jupyter,
     percentile,
     reap_children,
+    write_results,
 )
 
 INTERRUPTED, KILLED, OTHER = "interrupted", "killed", "other"
@@ -386,10 +386,7 @@ def run(args: argparse.Namespace, root: Path, log: Callable[[str], None], captur
         "samples": records,
         "captured_stderr": captured_lines(captured)[:200],  # the host's warnings, workers' stderr
     }
-    args.results_dir.mkdir(parents=True, exist_ok=True)
-    out = args.results_dir / f"deadline_precision-{started.strftime('%Y%m%dT%H%M%SZ')}.json"
-    out.write_text(json.dumps(record, indent=1, default=str) + "\n", encoding="utf-8")
-    print(f"\nresults: {out}")
+    write_results(args.results_dir, "deadline_precision", started, record)
     print(
         f"stderr of the workers and the host: {len(record['captured_stderr'])} lines besides TCP warnings (in the JSON)"
     )

@@ -50,6 +50,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from startup_latency import write_results
+
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_DIR = BENCH_DIR.parent
 DEFAULT_RESULTS_DIR = BENCH_DIR / "results"
@@ -352,10 +354,7 @@ def run(args: argparse.Namespace, root: Path, log: Callable[[str], None]) -> int
         "samples": data["samples"],
         "children": data["children"],
     }
-    args.results_dir.mkdir(parents=True, exist_ok=True)
-    out = args.results_dir / f"guard_overhead-{started.strftime('%Y%m%dT%H%M%SZ')}.json"
-    out.write_text(json.dumps(record, indent=1, default=str) + "\n", encoding="utf-8")
-    print(f"\nresults: {out}")
+    write_results(args.results_dir, "guard_overhead", started, record)
     missed = [name for name, t in report["targets"].items() if not t["met"]]
     return 1 if (args.strict and missed) else 0
 

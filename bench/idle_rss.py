@@ -27,7 +27,6 @@ every sample goes to ``bench/results/idle_rss-<timestamp>.json``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import signal
@@ -44,16 +43,17 @@ from startup_latency import (
     IVRALO,
     KERNEL_LOG,
     KINDS,
-    KNOWN_KERNEL_NOISE,
     PLAIN,
     Bench,
     await_reply,
     environment_info,
     isolate_jupyter,
+    log_kernel_output_tail,
     pairs,
     percentile,
     reap_children,
     shutdown,
+    write_results,
 )
 
 if TYPE_CHECKING:  # jupyter_client is imported only after Jupyter's folders are isolated
@@ -289,10 +289,7 @@ def run(args: argparse.Namespace, root: Path, kernel_log: IO[bytes], log: Callab
         "summary": report,
         "kernels": [{**k.info, "samples_bytes": k.samples} for k in kernels],
     }
-    args.results_dir.mkdir(parents=True, exist_ok=True)
-    out = args.results_dir / f"idle_rss-{started.strftime('%Y%m%dT%H%M%SZ')}.json"
-    out.write_text(json.dumps(record, indent=1, default=str) + "\n", encoding="utf-8")
-    print(f"\nresults: {out}")
+    write_results(args.results_dir, "idle_rss", started, record)
     return 0
 
 
@@ -313,12 +310,7 @@ def main(argv: list[str] | None = None) -> int:
         with (root / KERNEL_LOG).open("wb") as kernel_log:
             exit_code = run(args, root, kernel_log, log)
     except BaseException:
-        kernel_output = root / KERNEL_LOG
-        if kernel_output.is_file():
-            lines = kernel_output.read_text(errors="replace").splitlines()
-            tail = "\n".join([line for line in lines if KNOWN_KERNEL_NOISE not in line][-40:])
-            if tail:
-                log(f"--- end of the kernels' output ---\n{tail}")
+        log_kernel_output_tail(root, log)
         raise
     finally:
         if reap_children(log):

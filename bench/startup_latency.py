@@ -523,12 +523,28 @@ def run(args: argparse.Namespace, root: Path, log: Callable[[str], None]) -> int
         "summary": report,
         "samples": {"start": starts, "roundtrip": rts},
     }
-    args.results_dir.mkdir(parents=True, exist_ok=True)
-    out = args.results_dir / f"startup_latency-{started.strftime('%Y%m%dT%H%M%SZ')}.json"
-    out.write_text(json.dumps(record, indent=1, default=str) + "\n", encoding="utf-8")
-    print(f"\nresults: {out}")
+    write_results(args.results_dir, "startup_latency", started, record)
     missed = [name for name, t in report["targets"].items() if not t["met"]]
     return 1 if (args.strict and missed) else 0
+
+
+def write_results(results_dir: Path, name: str, started: datetime, record: dict[str, Any]) -> Path:
+    """The run's JSON record as ``results_dir/<name>-<UTC>.json`` (shared by the bench scripts)."""
+    results_dir.mkdir(parents=True, exist_ok=True)
+    out = results_dir / f"{name}-{started.strftime('%Y%m%dT%H%M%SZ')}.json"
+    out.write_text(json.dumps(record, indent=1, default=str) + "\n", encoding="utf-8")
+    print(f"\nresults: {out}")
+    return out
+
+
+def log_kernel_output_tail(root: Path, log: Callable[[str], None]) -> None:
+    """After a failed run: the last lines the kernels wrote, less known noise."""
+    kernel_output = root / KERNEL_LOG
+    if kernel_output.is_file():
+        lines = kernel_output.read_text(errors="replace").splitlines()
+        tail = "\n".join([line for line in lines if KNOWN_KERNEL_NOISE not in line][-40:])
+        if tail:
+            log(f"--- end of the kernels' output ---\n{tail}")
 
 
 def _exit_on_sigterm(signum: int, frame: object) -> None:
@@ -547,12 +563,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         exit_code = run(args, root, log)
     except BaseException:
-        kernel_output = root / KERNEL_LOG
-        if kernel_output.is_file():
-            lines = kernel_output.read_text(errors="replace").splitlines()
-            tail = "\n".join([line for line in lines if KNOWN_KERNEL_NOISE not in line][-40:])
-            if tail:
-                log(f"--- end of the kernels' output ---\n{tail}")
+        log_kernel_output_tail(root, log)
         raise
     finally:
         if reap_children(log):
