@@ -54,16 +54,22 @@ class Browser:
         self.ws = websocket.create_connection(ws_url, header=[f"Authorization: token {TOKEN}"], timeout=30)
         self.session = uuid.uuid4().hex
 
-    def execute(self, code: str, timeout: float = 30) -> tuple[dict[str, Any], list[dict[str, Any]], float]:
+    def send_shell(self, msg_type: str, content: dict[str, Any]) -> str:
+        """Send a request the way JupyterLab does over the kernel websocket; return its msg_id."""
         msg_id = uuid.uuid4().hex
         header = {
             "msg_id": msg_id,
-            "msg_type": "execute_request",
+            "msg_type": msg_type,
             "username": "browser",
             "session": self.session,
             "version": "5.4",
             "date": datetime.now(UTC).isoformat(),
         }
+        message = {"header": header, "parent_header": {}, "metadata": {}, "content": content, "channel": "shell"}
+        self.ws.send(json.dumps({**message, "buffers": []}))
+        return msg_id
+
+    def execute(self, code: str, timeout: float = 30) -> tuple[dict[str, Any], list[dict[str, Any]], float]:
         content = {
             "code": code,
             "silent": False,
@@ -73,18 +79,7 @@ class Browser:
             "stop_on_error": True,
         }
         start = time.monotonic()
-        self.ws.send(
-            json.dumps(
-                {
-                    "header": header,
-                    "parent_header": {},
-                    "metadata": {},
-                    "content": content,
-                    "channel": "shell",
-                    "buffers": [],
-                }
-            )
-        )
+        msg_id = self.send_shell("execute_request", content)
         outputs: list[dict[str, Any]] = []
         reply: dict[str, Any] = {}
         idle = False
@@ -107,27 +102,7 @@ class Browser:
         AND its status for that request arrives on IOPub (both channels are back)."""
         start = time.monotonic()
         while time.monotonic() - start < timeout:
-            msg_id = uuid.uuid4().hex
-            header = {
-                "msg_id": msg_id,
-                "msg_type": "kernel_info_request",
-                "username": "browser",
-                "session": self.session,
-                "version": "5.4",
-                "date": datetime.now(UTC).isoformat(),
-            }
-            self.ws.send(
-                json.dumps(
-                    {
-                        "header": header,
-                        "parent_header": {},
-                        "metadata": {},
-                        "content": {},
-                        "channel": "shell",
-                        "buffers": [],
-                    }
-                )
-            )
+            msg_id = self.send_shell("kernel_info_request", {})
             replied = on_iopub = False
             asked = time.monotonic()
             while time.monotonic() - asked < 1.0 and not (replied and on_iopub):
