@@ -167,8 +167,8 @@ class FileGuard:
         self._refuse(decide_read("list", os.path.abspath(path if path is not None else ".")))
 
 
-class TrustGate(importlib.abc.MetaPathFinder):
-    """In a folder not trusted, the folder's own modules are not imported."""
+class TrustGate:
+    """In a folder not trusted, the folder's own modules are not imported (two finders ask it)."""
 
     def __init__(self, workspace: str, installed: set[str]) -> None:
         self.workspace = workspace
@@ -176,49 +176,25 @@ class TrustGate(importlib.abc.MetaPathFinder):
         # .pth entries), even when a virtualenv lives inside the workspace.
         self.installed = installed
 
-    def _inside(self, entry: str) -> bool:
-        path = os.path.realpath(entry or ".")
+    def inside(self, entry: Any) -> bool:
+        """A sys.path entry that is workspace code (not installed code that happens to live there)."""
+        if not isinstance(entry, str) or not entry:
+            return False
+        path = os.path.realpath(entry)
         if not (path == self.workspace or path.startswith(self.workspace + os.sep)):
             return False
         return not any(path == root or path.startswith(root + os.sep) for root in self.installed)
 
-    def find_spec(
-        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
-    ) -> importlib.machinery.ModuleSpec | None:
-        if fullname.split(".")[0] == OWN_PACKAGE:  # ivralo's own stay importable (even when developed here)
-            return None
-        search = list(path) if path is not None else [p for p in sys.path if isinstance(p, str)]
-        inside = [p for p in search if self._inside(p)]
-        if path is None:  # also the working directory, where a plain script would find it
-            inside = inside or [self.workspace]
-        spec = importlib.machinery.PathFinder.find_spec(fullname, inside) if inside else None
-        if spec is not None:
-            self.refuse(fullname)
-        return None
-
-    def refuse(self, fullname: str) -> None:
-        raise TrustGateError(
-            f"{fullname!r} lives in {self.workspace}, a folder that is not trusted, so the trust gate does "
-            f"not import its own code. Stop and tell the person; they can trust the folder with: "
-            f"ivralo-kernel trust {self.workspace}",
-            name=fullname,
-        )
-
-
-class _LastResort(importlib.abc.MetaPathFinder):
-    """After every other finder failed: say *why* a workspace module is not importable."""
-
-    def __init__(self, gate: TrustGate) -> None:
-        self.gate = gate
-
-    def find_spec(
-        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
-    ) -> importlib.machinery.ModuleSpec | None:
-        if path is None and fullname.split(".")[0] != OWN_PACKAGE:
-            # Every other finder failed; if the module is a file of the workspace itself, say why.
-            if importlib.machinery.PathFinder.find_spec(fullname, [self.gate.workspace]) is not None:
-                self.gate.refuse(fullname)
-        return None
+    def refuse_if_found(self, fullname: str, entries: list[str]) -> None:
+        if not entries or fullname.split(".")[0] == OWN_PACKAGE:  # ivralo's own stay importable
+            return
+        if importlib.machinery.PathFinder.find_spec(fullname, entries) is not None:
+            raise TrustGateError(
+                f"{fullname!r} lives in {self.workspace}, a folder that is not trusted, so the trust gate does "
+                f"not import its own code. Stop and tell the person; they can trust the folder with: "
+                f"ivralo-kernel trust {self.workspace}",
+                name=fullname,
+            )
 
 
 class _FrontDoor(importlib.abc.MetaPathFinder):
@@ -231,8 +207,21 @@ class _FrontDoor(importlib.abc.MetaPathFinder):
         self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
     ) -> importlib.machinery.ModuleSpec | None:
         search = path if path is not None else sys.path
-        if any(isinstance(p, str) and p and self.gate._inside(p) for p in search):
-            return self.gate.find_spec(fullname, [p for p in search if isinstance(p, str) and self.gate._inside(p)])
+        self.gate.refuse_if_found(fullname, [p for p in search if self.gate.inside(p)])
+        return None
+
+
+class _LastResort(importlib.abc.MetaPathFinder):
+    """After every other finder failed: if the module is a file of the workspace itself, say why."""
+
+    def __init__(self, gate: TrustGate) -> None:
+        self.gate = gate
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if path is None:
+            self.gate.refuse_if_found(fullname, [self.gate.workspace])
         return None
 
 

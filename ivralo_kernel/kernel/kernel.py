@@ -55,7 +55,7 @@ class IvraloKernel(IPythonKernel):
         self._executing: str | None = None
         assert self.shell is not None
         self.shell.set_custom_exc((KeyboardInterrupt,), _show_interrupt)
-        self._replacement_gate = _ReplacementGate(self) if os.environ.pop(names.ENV_REPLACEMENT, "") else None
+        self._replacement_gate = _ReplacementGate() if os.environ.pop(names.ENV_REPLACEMENT, "") else None
         # The host opens the broker comm (a frontend closes kernel-opened comms it does not know).
         self.comm_manager.register_target(names.COMM_TARGET, lambda comm, _msg: BROKER.attach(comm))
         policy = STATE.policy
@@ -240,7 +240,7 @@ class _ReplacementGate:
 
     SETTLE_S = 0.6
 
-    def __init__(self, kernel: IvraloKernel) -> None:
+    def __init__(self) -> None:
         self.until = time.monotonic() + self.SETTLE_S
 
     async def wait(self) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from ivralo_kernel.protocol import names
@@ -92,6 +92,3 @@ class KernelPolicy:
                 except ValueError:
                     raise ConfigError(var, f"{raw!r} is not a whole number", "Set it to a byte or file count") from None
         return cls(**fields)
-
-    def with_changes(self, **changes: Any) -> KernelPolicy:
-        return replace(self, **changes)
