@@ -19,6 +19,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+pytest_plugins = ("postgres",)  # tests/postgres.py: the pg_url fixture (a throwaway PostgreSQL server)
+
 PR_SET_CHILD_SUBREAPER = 36
 CREDENTIAL_NAMES = ("IVRALO_TEST_API_KEY", "IVRALO_TEST_DB_PASSWORD", "SLACK_WEBHOOK_URL")
 

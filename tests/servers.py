@@ -1,12 +1,16 @@
-"""Start a Jupyter server (jupyter_server or JupyterLab) on loopback for a test, and stop it."""
+"""Servers for tests, on loopback only: a Jupyter server (jupyter_server or JupyterLab), and small
+HTTP servers that say which address answered."""
 
 from __future__ import annotations
 
+import errno
+import http.server
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -55,3 +59,56 @@ def jupyter_server(module: str, root: Path, token: str, *extra: str, timeout: fl
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
+
+
+class _Answer(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        host, port = self.connection.getsockname()[:2]
+        body = f"answered by {host}:{port}".encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def _bind_all(addresses: tuple[str, ...]) -> list[http.server.ThreadingHTTPServer]:
+    """One server per address, all on one free port (the first address picks it)."""
+    first = http.server.ThreadingHTTPServer((addresses[0], 0), _Answer)
+    servers = [first]
+    try:
+        for address in addresses[1:]:
+            servers.append(http.server.ThreadingHTTPServer((address, first.server_address[1]), _Answer))
+    except BaseException:
+        for server in servers:
+            server.server_close()
+        raise
+    return servers
+
+
+@contextmanager
+def loopback_http(*addresses: str) -> Iterator[int]:
+    """HTTP servers on these loopback addresses (e.g. 127.0.0.1, 127.0.0.2), sharing one port,
+    which is yielded. Each answers GET with "answered by <address>:<port>"."""
+    assert addresses and all(a.startswith("127.") for a in addresses), "loopback addresses only"
+    for _ in range(20):  # the port the first address got may be taken on another one
+        try:
+            servers = _bind_all(addresses)
+            break
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                raise
+    else:
+        raise AssertionError(f"no port free on all of {addresses}")
+    threads = [threading.Thread(target=s.serve_forever, daemon=True) for s in servers]
+    for thread in threads:
+        thread.start()
+    try:
+        yield int(servers[0].server_address[1])
+    finally:
+        for server, thread in zip(servers, threads, strict=True):
+            server.shutdown()
+            server.server_close()
+            thread.join(timeout=5)

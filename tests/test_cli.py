@@ -101,6 +101,7 @@ def test_doctor_reports_each_mechanism(capsys: pytest.CaptureFixture[str]) -> No
     assert set(by_name) == {
         "memory cap",
         "write floor (Landlock)",
+        "TCP connect floor",
         "python-level guards",
         "credential scrub",
         "not dumpable",

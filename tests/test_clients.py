@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import nbformat
@@ -152,6 +153,14 @@ def test_raw_launch_of_kernel_json_like_vscode(workspace: Path, tmp_path: Path) 
         assert seen["cwd"] == str(workspace.resolve())
         supervisor_env = Path(f"/proc/{proc.pid}/environ").read_bytes()
         assert b"sk-raw-launch-secret" not in supervisor_env
+        # No ivralo host is attached: a brokered call fails fast, saying why and what to do.
+        started = time.monotonic()
+        brokered = execute(client, "ivralo.call('photos.search', query='x')")
+        assert time.monotonic() - started < 2.0
+        assert brokered.reply["content"]["ename"] == "BrokerError"
+        evalue = brokered.reply["content"]["evalue"]
+        assert evalue.startswith("no ivralo host is attached to this kernel to answer"), evalue
+        assert "Run it under an ivralo host: JupyterLab, jupyter console" in evalue
         client.stop_channels()
     finally:
         proc.send_signal(signal.SIGTERM)

@@ -141,3 +141,44 @@ def test_a_cell_runs_and_a_killed_cell_says_why(page: Any, lab: dict[str, Any]) 
     run_in_last_cell(page, "print('x' in dir())")
     expect(cells.nth(3).locator(".jp-OutputArea-output")).to_have_text("False", timeout=30_000)
     assert page.locator(".jp-Dialog").count() == 0, "no 'kernel died' dialog"
+
+
+def test_the_person_is_asked_about_an_unknown_host(page: Any, lab: dict[str, Any]) -> None:
+    """The question appears where input() would; the answer is relayed to the host; the time the
+    person takes (longer than the 2 s deadline here) does not count against the deadline."""
+    import http.server
+    import threading
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
+    port = int(httpd.server_address[1])
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    # The TCP floor admits ports of hosts allowed at start; localhost itself stays unknown.
+    (lab["nbdir"] / ".ivralo").mkdir(exist_ok=True)
+    (lab["nbdir"] / ".ivralo" / "permissions.json").write_text(json.dumps({"hosts": {"allow": [f"127.0.0.9:{port}"]}}))
+    try:
+        display = "Python (ivralo, 2 s deadline)"
+        open_notebook(page, lab, "ask.ipynb", "ivralo-lab-deadline", display)
+        expect = playwright.expect
+        cells = page.locator(".jp-Notebook .jp-Cell")
+        run_in_last_cell(
+            page, f"import urllib.request\nprint(urllib.request.urlopen('http://localhost:{port}/').status)"
+        )
+        stdin = cells.nth(0).locator(".jp-Stdin")
+        expect(stdin).to_contain_text(
+            f"Code in this cell wants to reach localhost (port {port}). Allow? [yes/no]", timeout=30_000
+        )
+        page.screenshot(path=str(lab["root"] / "asked.png"))
+        page.wait_for_timeout(DEADLINE_MS + 1000)  # the person reads the question: longer than the deadline
+        stdin.locator("input").fill("yes")
+        stdin.locator("input").press("Enter")
+        output = cells.nth(0).locator(".jp-OutputArea")
+        expect(output).to_contain_text("200", timeout=30_000)
+        expect(output).to_contain_text("[ivralo network: localhost allowed (yes this time)]", timeout=30_000)
+        expect(output).not_to_contain_text("interrupted")
+    finally:
+        httpd.shutdown()
+        httpd.server_close()

@@ -5,13 +5,12 @@ the deadline paused while a person answers; the hosts-tried line after the outpu
 from __future__ import annotations
 
 import asyncio
-import http.server
 import json
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from servers import loopback_http
 
 from ivralo_kernel.host import Session, WorkerConfig
 from ivralo_kernel.protocol.trust import set_trust
@@ -19,21 +18,14 @@ from ivralo_kernel.protocol.trust import set_trust
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[int]:
-    """An HTTP server on 127.0.0.1 (also reachable as 127.0.0.2 etc.: all of 127/8 is loopback)."""
+    """HTTP servers on 127.0.0.1 (localhost) and 127.0.0.2, on one port; 127.0.0.3 has none."""
+    with loopback_http("127.0.0.1", "127.0.0.2") as port:
+        yield port
 
-    class Quiet(http.server.SimpleHTTPRequestHandler):
-        def log_message(self, *args: object) -> None:
-            pass
 
-    httpd = http.server.ThreadingHTTPServer(("0.0.0.0", 0), Quiet)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield int(httpd.server_address[1])
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
-        thread.join(timeout=5)
+# These tests are about the answer, on a random port: the TCP floor (fixed at start, ports of the
+# allowed hosts only) would refuse it. test_network_floor.py tests an answer under the floor.
+NO_TCP_FLOOR = WorkerConfig(landlock_network=False)
 
 
 def allow(ws: Path, *hosts: str) -> None:
@@ -66,7 +58,7 @@ REFUSED = {
 
 @pytest.mark.parametrize("client", CLIENTS)
 async def test_allowed_host_through_every_client(workspace: Path, server: int, client: str) -> None:
-    allow(workspace, "localhost", "127.0.0.2")
+    allow(workspace, f"localhost:{server}", f"127.0.0.2:{server}")  # with the port: the TCP floor opens it
     host = "127.0.0.2" if client == "_socket" else "localhost"
     async with Session(workspace=workspace) as session:
         result = await session.run(CLIENTS[client].format(host=host, port=server))
@@ -92,7 +84,7 @@ async def test_asked_yes_once_lasts_the_worker(workspace: Path, server: int) -> 
         return "yes"
 
     code = CLIENTS["urllib"].format(host="localhost", port=server)
-    async with Session(workspace=workspace, ask=ask) as session:
+    async with Session(workspace=workspace, ask=ask, config=NO_TCP_FLOOR) as session:
         first = await session.run(code)
         second = await session.run(code)
     assert asked == [("Code in run_python wants to reach localhost", ("yes", "no"))], "asked once, no 'always' offer"
@@ -109,7 +101,7 @@ async def test_asked_always_is_written_in_a_trusted_folder(workspace: Path, serv
         choices_seen.append(choices)
         return "always"
 
-    async with Session(workspace=workspace, ask=ask) as session:
+    async with Session(workspace=workspace, ask=ask, config=NO_TCP_FLOOR) as session:
         result = await session.run(CLIENTS["urllib"].format(host="localhost", port=server))
     assert choices_seen == [("yes", "always", "no")]
     assert isinstance(result, str) and "localhost allowed (always (hosts.allow))" in result
@@ -132,7 +124,7 @@ async def test_the_deadline_is_paused_while_the_person_answers(workspace: Path, 
         await asyncio.sleep(5)  # longer than the 2 s deadline
         return "yes"
 
-    config = WorkerConfig(deadline_ms=2_000, interrupt_grace_ms=500)
+    config = WorkerConfig(deadline_ms=2_000, interrupt_grace_ms=500, landlock_network=False)  # see NO_TCP_FLOOR
     async with Session(workspace=workspace, ask=slow_person, config=config) as session:
         result = await session.run(CLIENTS["urllib"].format(host="localhost", port=server))
     assert isinstance(result, str), result
@@ -146,3 +138,26 @@ async def test_malformed_permissions_fail_closed(workspace: Path, server: int) -
         result = await session.run(CLIENTS["urllib"].format(host="localhost", port=server))
     assert isinstance(result, dict)
     assert 'permissions.json: line 3: field "hosts.allow" must be a list' in result["error"]
+
+
+def test_an_allowed_names_addresses_are_allowed_only_on_its_port() -> None:
+    """Learning 127.0.0.1 from localhost:1111 must not open 127.0.0.1:2222 (no kernel needed)."""
+    import socket
+
+    from ivralo_kernel.guards.network import NetworkGuard
+
+    asked: list[tuple[str, int | None]] = []
+
+    def judge(host: str, port: int | None) -> tuple[bool, str]:
+        asked.append((host, port))
+        return (host, port) == ("localhost", 1111), "test"
+
+    guard = NetworkGuard(judge)
+    guard.starting = False
+    guard("socket.getaddrinfo", ("localhost", 1111, 0, 0, 0, 0))
+    with socket.socket() as sock:
+        guard("socket.connect", (sock, ("127.0.0.1", 1111)))  # learned: not asked again
+        with pytest.raises(socket.gaierror, match=r"127\.0\.0\.1 refused"):
+            guard("socket.connect", (sock, ("127.0.0.1", 2222)))
+    assert asked == [("localhost", 1111), ("127.0.0.1", 2222)]
+    assert guard.take_attempts() == {"localhost": "allowed (test)", "127.0.0.1": "refused (test)"}

@@ -19,6 +19,7 @@ def _install(args: argparse.Namespace) -> int:
         "interrupt_grace_ms": args.interrupt_grace_ms,
         "memory_limit_bytes": args.memory_limit,
         "memory_hard_limit_bytes": args.memory_hard_limit,
+        "grants": args.grant or None,
     }
     where = install(
         user=args.user,
@@ -73,6 +74,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--interrupt-grace-ms", type=int, metavar="MS", help="grace after the deadline's interrupt")
     p.add_argument("--memory-limit", type=int, metavar="BYTES", help="RLIMIT_DATA (default: half the RAM)")
     p.add_argument("--memory-hard-limit", type=int, metavar="BYTES", help="tree RSS that kills the kernel")
+    p.add_argument(
+        "--grant",
+        action="append",
+        metavar="NAME",
+        help='a broker grant of kernels started from this spec ("databases", or an operation group such as '
+        '"photos"); repeat for more',
+    )
     p.set_defaults(func=_install)
 
     p = commands.add_parser("doctor", help="start a kernel and report which protections are in force here")

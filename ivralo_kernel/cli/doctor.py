@@ -15,6 +15,30 @@ from ivralo_kernel.host import Session
 from ivralo_kernel.protocol import names
 
 GIB = 1 << 30
+TCP_FLOOR_GAPS = (
+    "Not covered: UDP (DNS included); a host that is not allowed, on a port an allowed host uses; a host "
+    "allowed while the kernel runs (yes / always) on a port outside the floor, until the kernel restarts; "
+    "MPTCP sockets and TCP Fast Open (sendto with MSG_FASTOPEN) from native code, which Landlock does not check."
+)
+
+
+def _tcp_floor_row(layers: dict[str, Any]) -> tuple[str, bool, str, str]:
+    floor = str(layers.get("tcp_connect_floor", "unknown"))
+    in_force = floor.startswith("ports") or floor == "no TCP connect"
+    detail = (
+        f"{floor}: any process of the kernel's tree (curl, pip, ctypes) may open TCP connections only to "
+        "the ports of the hosts in hosts.allow (80 and 443 for a host listed without a port). " + TCP_FLOOR_GAPS
+    )
+    if floor.startswith("off"):
+        fix = "Turn it back on: landlock and landlock_network (WorkerConfig.landlock_network) default to True."
+    elif floor.startswith("unavailable"):
+        fix = (
+            "Use Linux >= 6.7 (Landlock ABI 4); until then only the Python-level guard judges connections, "
+            "and a subprocess or ctypes call reaches any host."
+        )
+    else:
+        fix = "See the write floor above: the TCP floor is applied with it."
+    return "TCP connect floor", in_force, detail, fix
 
 
 def _checks(info: dict[str, Any]) -> list[dict[str, str]]:
@@ -38,6 +62,7 @@ def _checks(info: dict[str, Any]) -> list[dict[str, str]]:
             "Use Linux >= 5.13 with Landlock enabled (lsm=...,landlock); until then only the Python-level "
             "guard refuses writes, and a subprocess or ctypes call walks around it.",
         ),
+        _tcp_floor_row(layers),
         (
             "python-level guards",
             layers.get("write_guard") == "audit hook",

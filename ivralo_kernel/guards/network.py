@@ -7,10 +7,17 @@ allowed name is allowed. The audit hook sees ``_socket`` and ``importlib.reload(
 A refusal is a ``socket.gaierror`` carrying the reason, so urllib, requests, httpx and asyncio fail
 the way they already know how to. The judge (who asks the host) is injected by the kernel room.
 Not covered: ctypes, subprocesses (the Landlock TCP floor is the answer there), UDP beyond sendto.
+
+The TCP floor (Landlock, see ``landlock.py``) is fixed when the kernel starts and cannot widen, while
+this guard may allow a host later ("yes this time"). A TCP connect the guard allows to a port outside
+the floor would fail with a bare EACCES from the OS; it is refused here first, with a sentence that
+says why and what to change. TCP ``sendto`` (TCP Fast Open) and MPTCP sockets get the same check:
+Landlock itself misses them, so for Python code this guard is the only place that keeps the limit.
 """
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import socket
 import sys
@@ -18,8 +25,11 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from ivralo_kernel.protocol.egress import PORTS_OF_A_HOST_WITHOUT_PORT
+
 Judge = Callable[[str, "int | None"], "tuple[bool, str]"]
 _own = threading.local()
+_INET = (socket.AF_INET, socket.AF_INET6)
 
 
 def _is_ip(host: str) -> bool:
@@ -44,12 +54,16 @@ def _host(value: Any) -> str | None:
 
 
 class NetworkGuard:
-    def __init__(self, judge: Judge) -> None:
+    def __init__(self, judge: Judge, tcp_floor: tuple[int, ...] | None = None) -> None:
         self._judge = judge
+        self.tcp_floor = tcp_floor  # ports the OS lets this kernel connect to; None: no floor
         self.starting = True
         self._decisions: dict[tuple[str, int | None], tuple[bool, str]] = {}
-        self._allowed_ips: set[str] = set()
-        self.attempts: dict[str, str] = {}  # host -> what became of it, for the running execution
+        # (address, port) of allowed names; port None: the name was allowed on every port.
+        self._allowed_ips: set[tuple[str, int | None]] = set()
+        self._names: dict[str, str] = {}  # address -> the allowed name it came from
+        # host -> port -> what became of it, for the running execution (port None: a lookup without one)
+        self._outcomes: dict[str, dict[int | None, list[str]]] = {}
 
     def __call__(self, event: str, args: tuple[Any, ...]) -> None:
         if not event.startswith("socket.") or getattr(_own, "busy", False):
@@ -61,7 +75,9 @@ class NetworkGuard:
         elif event in ("socket.connect", "socket.sendto"):
             address = args[1]
             if isinstance(address, tuple) and len(address) >= 2:  # AF_INET / AF_INET6; AF_UNIX is a path
-                self._connect(_host(address[0]), _port(address[1]))
+                host, port = _host(address[0]), _port(address[1])
+                self._connect(host, port)
+                self._check_floor(args[0], host, port)
 
     def _lookup(self, host: str | None, port: int | None) -> None:
         if host is None or _is_ip(host) or self.starting:
@@ -71,9 +87,21 @@ class NetworkGuard:
     def _connect(self, host: str | None, port: int | None) -> None:
         if host is None or self.starting:
             return
-        if _is_ip(host) and host in self._allowed_ips:
-            return  # an address of a name already judged (and listed) for this connection
+        if _is_ip(host) and ((host, port) in self._allowed_ips or (host, None) in self._allowed_ips):
+            return  # an address of a name already judged (and listed), on a port it was allowed for
         self._decide(host, port)
+
+    def _check_floor(self, sock: Any, host: str | None, port: int | None) -> None:
+        """Refuse, with the reason, a TCP connect the floor would refuse with a bare EACCES."""
+        floor = self.tcp_floor
+        if floor is None or port is None or port in floor or host is None:
+            return
+        if getattr(sock, "family", None) not in _INET or getattr(sock, "type", None) != socket.SOCK_STREAM:
+            return  # UDP and the rest: the floor does not limit them
+        host = self._names.get(host, host)  # the name the code asked for, when it gave one
+        # This very connect was just noted as allowed by the guard; what became of it is the refusal.
+        self._note(host, port, f"refused (port {port} is outside the TCP floor)", replaces_last=True)
+        raise PermissionError(errno.EACCES, floor_refusal(host, port, floor))
 
     def _decide(self, host: str, port: int | None) -> None:
         key = (host, port)
@@ -84,7 +112,7 @@ class NetworkGuard:
             if decision[0] and not _is_ip(host):
                 self._learn_addresses(host, port)
         allowed, reason = decision
-        self.attempts.setdefault(host, f"{'allowed' if allowed else 'refused'} ({reason})")
+        self._note(host, port, f"{'allowed' if allowed else 'refused'} ({reason})")
         if not allowed:
             raise socket.gaierror(
                 socket.EAI_NONAME,
@@ -98,19 +126,54 @@ class NetworkGuard:
         _own.busy = True
         try:
             for *_, sockaddr in socket.getaddrinfo(host, port):
-                self._allowed_ips.add(str(sockaddr[0]))
+                self._allowed_ips.add((str(sockaddr[0]), port))
+                self._names[str(sockaddr[0])] = host
         except OSError:
             pass  # the code's own lookup will fail the same way, with the resolver's message
         finally:
             _own.busy = False
 
+    def _note(self, host: str, port: int | None, outcome: str, replaces_last: bool = False) -> None:
+        """Every distinct outcome per (host, port) is listed, in order."""
+        seen = self._outcomes.setdefault(host, {}).setdefault(port, [])
+        if replaces_last and seen:
+            seen.pop()
+        if outcome not in seen:
+            seen.append(outcome)
+
+    @property
+    def attempts(self) -> dict[str, str]:
+        """host -> what became of it: ``allowed (hosts.allow)``, or several ``; port N ...`` parts."""
+        listed: dict[str, str] = {}
+        for host, by_port in self._outcomes.items():
+            parts: list[str] = []
+            for port, outcomes in by_port.items():
+                for outcome in outcomes:
+                    if not any(part.endswith(outcome) for part in parts):
+                        parts.append(outcome if not parts else f"port {port} {outcome}")
+            listed[host] = "; ".join(parts)
+        return listed
+
     def take_attempts(self) -> dict[str, str]:
-        attempts, self.attempts = self.attempts, {}
+        attempts = self.attempts
+        self._outcomes = {}
         return attempts
 
 
-def install_network_guard(judge: Judge) -> NetworkGuard:
-    guard = NetworkGuard(judge)
+def floor_refusal(host: str, port: int, floor: tuple[int, ...]) -> str:
+    allowed = f"ports {', '.join(map(str, floor))}" if floor else "no port at all (no host was allowed then)"
+    always = ' (or answers "always" when asked)' if port in PORTS_OF_A_HOST_WITHOUT_PORT else ""
+    return (
+        f"ivralo network guard: {host} port {port} is allowed, but this kernel's TCP floor (Landlock, "
+        f"fixed when the kernel started) lets its processes connect only to {allowed}. To reach it, the "
+        f'person adds "{host}:{port}" to .ivralo/permissions.json under hosts.allow{always} and restarts '
+        f"the kernel. Stop and tell the person, rather than looking for another way."
+    )
+
+
+def install_network_guard(judge: Judge, tcp_floor: tuple[int, ...] | None = None) -> NetworkGuard:
+    """``tcp_floor``: the ports the Landlock TCP floor allows, when one is in force."""
+    guard = NetworkGuard(judge, tcp_floor)
     sys.addaudithook(guard)
     return guard
 

@@ -1,103 +1,227 @@
-"""[host] Answer what a kernel asks over the broker comm: today, egress questions.
+"""[host] Answer what a kernel asks over the broker comm: egress questions, and calls that need a
+credential (an API operation, a database query), which the host makes because it alone holds it.
 
 Every request is untrusted (user code can read the kernel's HMAC key and forge messages): it must
 come from a live execution (its parent is an execute_request the watchdog saw start and not end),
-it is validated against its kind's schema, and each execution gets a bounded number of them.
-Unknown hosts are asked about, when somebody can answer (an agent's ``ask`` callback); otherwise
-they are refused. "always" is recorded in the workspace's permissions.json, in a trusted folder only.
+it is validated against its kind's schema (and an operation's parameter schema), each execution
+gets a bounded number of requests, and no answer, error or log line carries a credential's value:
+they name it. Calls run on a small thread pool, never on the watchdog's thread.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from ivralo_kernel.host.egress import allow_always
-from ivralo_kernel.protocol import names
-from ivralo_kernel.protocol.egress import load_egress_policy
+import httpx
 
-# ask(question, choices) -> one of the choices; may block (it runs on its own thread).
-Asker = Callable[[str, tuple[str, ...]], str]
+from ivralo_kernel.host.databases import Databases, QueryRefused, load_databases
+from ivralo_kernel.host.egress import Asker, EgressDesk, valid_target
+from ivralo_kernel.host.operations import OperationError, load_operations, perform
+from ivralo_kernel.host.vault import CredentialVault
+from ivralo_kernel.protocol import names
+from ivralo_kernel.protocol.credentials import database_env_names
+
+Reply = Callable[[dict[str, Any]], None]
+Pause = Callable[[bool], None]
 REQUESTS_PER_EXECUTION = 200
+CALLS_PER_EXECUTION = 100  # brokered calls (API + SQL) one execution may make
+CALL_THREADS = 4
+GRANT_DATABASES = "databases"
+MAX_SQL_CHARS = 100_000
+MAX_SQL_PARAMS = 100
 
 log = logging.getLogger(__name__)
 
-
-def _valid_egress(payload: Any) -> tuple[str, int | None] | None:
-    if not isinstance(payload, dict):
-        return None
-    host, port = payload.get("host"), payload.get("port")
-    if not isinstance(host, str) or not 0 < len(host) <= 253 or any(c.isspace() for c in host):
-        return None
-    if port is not None and (isinstance(port, bool) or not isinstance(port, int) or not 0 <= port < 65536):
-        return None
-    return host.lower().rstrip("."), port
+__all__ = ["GRANT_DATABASES", "Asker", "BrokerResponder"]
 
 
 class BrokerResponder:
-    def __init__(self, workspace: str, trusted: bool, asker: Asker | None = None) -> None:
-        self.workspace, self.trusted = workspace, trusted
-        self.asker = asker
-        self._granted: dict[str, bool] = {}  # answers given for this worker's life
-        self._counts: dict[str, int] = {}
-
-    def answer(
+    def __init__(
         self,
-        request: Any,
-        execution: str | None,
-        reply: Callable[[dict[str, Any]], None],
-        pause: Callable[[bool], None],
+        workspace: str,
+        trusted: bool,
+        asker: Asker | None = None,
+        grants: Iterable[str] = (),
+        env: Mapping[str, str] | None = None,
+        operations_files: tuple[str, ...] = (),
     ) -> None:
-        """Reply now, or from an asking thread later (``reply`` must be thread-safe)."""
+        env = os.environ if env is None else env
+        self.workspace = workspace
+        self.egress = EgressDesk(workspace, trusted, asker)
+        self.grants = frozenset(grants)
+        # Read when the kernel starts: code cannot add an operation or a database to a running broker.
+        self.operations, problems = load_operations(env, operations_files)
+        databases, db_problems = load_databases(workspace, env)
+        self.problems = problems + db_problems
+        for problem in self.problems:
+            log.warning("ivralo broker: %s", problem)
+        self.vault = CredentialVault(workspace, env, database_env_names(workspace, env)[0])
+        self.databases = Databases(databases, self.vault)
+        self._counts: dict[str, int] = {}
+        self._calls: dict[str, int] = {}
+        self._pool: ThreadPoolExecutor | None = None
+        self._http: httpx.Client | None = None
+
+    # The agent Session sets these after the kernel starts (the provisioner's are the default).
+    @property
+    def asker(self) -> Asker | None:
+        return self.egress.asker
+
+    @asker.setter
+    def asker(self, asker: Asker | None) -> None:
+        self.egress.asker = asker
+
+    @property
+    def trusted(self) -> bool:
+        return self.egress.trusted
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+        if self._http is not None:
+            self._http.close()
+        self.databases.close()
+
+    def answer(self, request: Any, execution: str | None, reply: Reply, pause: Pause) -> None:
+        """Reply now, or from another thread later (``reply`` must be thread-safe)."""
         if not isinstance(request, dict) or not isinstance(request.get("req_id"), str):
             return  # nothing to answer to
+        kind, payload = request.get("kind"), request.get("payload")
         if execution is None:
-            reply({"allowed": False, "reason": "the request is not from a running execution"})
+            reply(_refusal("the request is not from a running execution (a forged or late message)"))
             return
         self._counts[execution] = self._counts.get(execution, 0) + 1
         if self._counts[execution] > REQUESTS_PER_EXECUTION:
-            reply({"allowed": False, "reason": f"more than {REQUESTS_PER_EXECUTION} requests from one execution"})
+            reply(_refusal(f"more than {REQUESTS_PER_EXECUTION} broker requests from one execution"))
             return
-        if request.get("kind") != names.BROKER_EGRESS:
-            reply({"allowed": False, "reason": f"unknown request kind {str(request.get('kind'))[:40]!r}"})
-            return
-        target = _valid_egress(request.get("payload"))
-        if target is None:
-            reply({"allowed": False, "reason": "malformed egress request"})
-            return
-        host, port = target
-        allowed, reason = load_egress_policy(self.workspace, os.environ).judge(host, port)
-        if allowed is not None:
-            reply({"allowed": allowed, "reason": reason})
-        elif host in self._granted:
-            reply({"allowed": self._granted[host], "reason": "answered earlier"})
-        elif self.asker is None:
-            reply({"allowed": False, "reason": "nobody to ask"})
+        if kind in (names.BROKER_EGRESS, names.BROKER_EGRESS_ANSWER):
+            target = valid_target(payload)
+            if target is None:
+                reply({"allowed": False, "reason": "malformed egress request"})
+                return
+            assert isinstance(payload, dict)
+            clean = {**payload, "host": target[0], "port": target[1]}
+            desk = self.egress.judge if kind == names.BROKER_EGRESS else self.egress.person_answered
+            desk(clean, execution, reply, pause)
+        elif kind == names.BROKER_CATALOG:
+            reply({"ok": True, "result": self.catalog()})
+        elif kind in (names.BROKER_API, names.BROKER_SQL):
+            self._call(kind, payload, execution, reply)
         else:
-            asker = self.asker
-            threading.Thread(target=self._ask, args=(asker, host, reply, pause), daemon=True).start()
+            reply(_refusal(f"unknown request kind {str(kind)[:40]!r}"))
 
-    def _ask(
-        self, asker: Asker, host: str, reply: Callable[[dict[str, Any]], None], pause: Callable[[bool], None]
-    ) -> None:
-        choices = ("yes", "always", "no") if self.trusted else ("yes", "no")
-        pause(True)  # the time the person takes does not count against the deadline
+    def catalog(self) -> dict[str, Any]:
+        """What the code may ask for (names only: no URL, no credential value)."""
+        return {
+            "operations": {
+                name: {
+                    "signature": op.signature(),
+                    "description": op.description,
+                    "grant": op.grant_name,
+                    "granted": op.grant_name in self.grants,
+                }
+                for name, op in sorted(self.operations.items())
+            },
+            "databases": {
+                name: {"read_only": entry.read_only, "granted": GRANT_DATABASES in self.grants}
+                for name, entry in sorted(self.databases.entries.items())
+            },
+        }
+
+    # -- brokered calls --------------------------------------------------------------------
+    def _call(self, kind: str, payload: Any, execution: str, reply: Reply) -> None:
         try:
-            choice = asker(f"Code in run_python wants to reach {host}", choices)
-        except Exception as exc:  # noqa: BLE001 - a failing callback is a "no", never a hang
-            log.warning("ivralo: the ask callback failed (%s); refusing %s", exc, host)
-            choice = "no"
-        finally:
-            pause(False)
-        if choice == "always" and self.trusted:
-            allow_always(self.workspace, host)
-            reply({"allowed": True, "reason": "always (hosts.allow)"})
-        elif choice in ("yes", "always"):
-            self._granted[host] = True
-            reply({"allowed": True, "reason": "yes this time"})
-        else:
-            self._granted[host] = False
-            reply({"allowed": False, "reason": "the person said no"})
+            job = self._check_api(payload) if kind == names.BROKER_API else self._check_sql(payload)
+        except (OperationError, QueryRefused) as exc:
+            reply(_refusal(str(exc)))
+            return
+        self._calls[execution] = self._calls.get(execution, 0) + 1
+        if self._calls[execution] > CALLS_PER_EXECUTION:
+            reply(_refusal(f"more than {CALLS_PER_EXECUTION} brokered calls from one execution; split the work"))
+            return
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(CALL_THREADS, thread_name_prefix="ivralo-broker")
+        self._pool.submit(self._run, job, reply)
+
+    def _run(self, job: Callable[[], dict[str, Any]], reply: Reply) -> None:
+        try:
+            answer = job()
+        except (OperationError, QueryRefused) as exc:  # the call was made and failed (a cap, a SQL error)
+            answer = {"ok": False, "error": self.vault.redact(str(exc))}
+        except Exception as exc:  # noqa: BLE001 - the code gets a sentence; the log gets the type
+            text = self.vault.redact(f"{type(exc).__name__}: {exc}")
+            log.warning("ivralo broker: a call failed: %s", text)
+            answer = {"ok": False, "error": f"the host's call failed: {text}"}
+        reply(answer)
+
+    def _check_api(self, payload: Any) -> Callable[[], dict[str, Any]]:
+        if not isinstance(payload, dict) or not isinstance(payload.get("operation"), str):
+            raise OperationError("malformed call: give the operation's name and its parameters")
+        name = payload["operation"][:100]
+        op = self.operations.get(name)
+        if op is None:
+            known = ", ".join(sorted(self.operations)) or "none"
+            raise OperationError(f"unknown operation {name!r} (this host knows: {known})")
+        if op.grant_name not in self.grants:
+            raise OperationError(f'refused: this specialist has no "{op.grant_name}" grant (needed by {name})')
+        params = op.check(payload.get("params", {}))
+
+        def job() -> dict[str, Any]:
+            credential = self.vault.get(op.credential)
+            if not credential:
+                raise OperationError(
+                    f"{name}: the host has no value for {op.credential}; set it where the host starts "
+                    "(the environment of JupyterLab or the agent, or the workspace's .env)"
+                )
+            started = time.monotonic()
+            if self._http is None:
+                self._http = httpx.Client(timeout=op.timeout_s, trust_env=False)
+            request = op.request(params, credential)
+            request.extensions["timeout"] = httpx.Timeout(op.timeout_s).as_dict()
+            api = perform(self._http, op, request)
+            seconds = time.monotonic() - started
+            log.info("ivralo broker: %s with %s -> HTTP %s in %.3fs", name, op.credential, api.status, seconds)
+            result = {"status": api.status, "body": self.vault.redact_json(api.body), "type": api.content_type}
+            record = {"what": name, "credential": op.credential, "seconds": seconds}
+            return {"ok": True, "result": result, "record": record}
+
+        return job
+
+    def _check_sql(self, payload: Any) -> Callable[[], dict[str, Any]]:
+        if not isinstance(payload, dict) or not isinstance(payload.get("database"), str):
+            raise QueryRefused("malformed query: give the database's name and the SQL text")
+        name, sql, params = payload["database"][:100], payload.get("query"), payload.get("params") or {}
+        if GRANT_DATABASES not in self.grants:
+            raise QueryRefused(f'refused: this specialist has no "{GRANT_DATABASES}" grant')
+        entry = self.databases.entries.get(name)
+        if entry is None:
+            known = ", ".join(sorted(self.databases.entries)) or "none (add one to databases.json)"
+            raise QueryRefused(f"unknown database {name!r} (this host knows: {known})")
+        if not isinstance(sql, str) or not sql.strip() or len(sql) > MAX_SQL_CHARS:
+            raise QueryRefused(f"the query must be SQL text of at most {MAX_SQL_CHARS} characters")
+        if not isinstance(params, dict) or len(params) > MAX_SQL_PARAMS or not all(isinstance(k, str) for k in params):
+            raise QueryRefused(f"params must be a dict of at most {MAX_SQL_PARAMS} named values")
+        if not all(v is None or isinstance(v, bool | int | float | str) for v in params.values()):
+            raise QueryRefused("params values must be None, bool, int, float or str")
+
+        def job() -> dict[str, Any]:
+            started = time.monotonic()
+            answer = self.databases.query(name, sql, params)
+            seconds = time.monotonic() - started
+            log.info(
+                "ivralo broker: query on %s with %s: %d rows in %.3fs", name, entry.url_env, len(answer.rows), seconds
+            )
+            result = {"columns": answer.columns, "rows": answer.rows, "cut": answer.cut, "rowcount": answer.rowcount}
+            record = {"what": f"{name} database", "credential": entry.url_env, "seconds": seconds}
+            return {"ok": True, "result": self.vault.redact_json(result), "record": record}
+
+        return job
+
+
+def _refusal(reason: str) -> dict[str, Any]:
+    return {"ok": False, "refused": True, "allowed": False, "reason": reason, "error": reason}

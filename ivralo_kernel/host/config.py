@@ -11,6 +11,7 @@ from dataclasses import dataclass, fields
 from ivralo_kernel.protocol import ConfigError
 
 GIB = 1 << 30
+_FLAGS = ("interrupt_before_kill", "landlock_network")  # True or False, nothing else
 
 
 @dataclass(frozen=True)
@@ -30,11 +31,13 @@ class WorkerConfig:
     idle_ttl_seconds: float = 1800.0
     observer_poll_ms: int = 500
     stall_window_ms: int = 5_000
+    # The Landlock TCP floor: subprocesses and native code connect only to the allowed hosts' ports.
+    landlock_network: bool = True
 
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name == "interrupt_before_kill":
+            if f.name in _FLAGS:
                 if not isinstance(value, bool):
                     raise ConfigError(f.name, f"{value!r} is not True or False", "Pass a bool")
                 continue

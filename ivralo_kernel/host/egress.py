@@ -1,14 +1,32 @@
-"""[host] The egress policy as the host applies it; the file format lives in ``protocol.egress``."""
+"""[host] The egress policy as the host applies it (the file format lives in ``protocol.egress``):
+judging a host, asking about an unknown one, and recording "always".
+
+Who is asked about an unknown host: an agent's ``ask`` callback (called here, on its own thread),
+or else the person at the notebook or console, through the running cell's input prompt: the reply
+then says "ask the person", the kernel prompts, and relays the answer, which only counts for a
+question this desk asked in that execution. Nobody to ask: refused.
+"""
 
 from __future__ import annotations
 
 import json
+import logging
+import os
+import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from ivralo_kernel.protocol import names
 from ivralo_kernel.protocol.egress import PERMISSIONS_FILE, EgressPolicy, load_egress_policy
 
-__all__ = ["EgressPolicy", "allow_always", "load_egress_policy"]
+__all__ = ["Asker", "EgressDesk", "EgressPolicy", "allow_always", "load_egress_policy"]
+
+# ask(question, choices) -> one of the choices; may block (it runs on its own thread).
+Asker = Callable[[str, tuple[str, ...]], str]
+Reply = Callable[[dict[str, Any]], None]
+Pause = Callable[[bool], None]
+log = logging.getLogger(__name__)
 
 
 def allow_always(workspace: str, host: str) -> Path:
@@ -27,3 +45,73 @@ def allow_always(workspace: str, host: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
     return path
+
+
+def valid_target(payload: Any) -> tuple[str, int | None] | None:
+    if not isinstance(payload, dict):
+        return None
+    host, port = payload.get("host"), payload.get("port")
+    if not isinstance(host, str) or not 0 < len(host) <= 253 or any(c.isspace() for c in host):
+        return None
+    if port is not None and (isinstance(port, bool) or not isinstance(port, int) or not 0 <= port < 65536):
+        return None
+    return host.lower().rstrip("."), port
+
+
+class EgressDesk:
+    def __init__(self, workspace: str, trusted: bool, asker: Asker | None = None) -> None:
+        self.workspace, self.trusted, self.asker = workspace, trusted, asker
+        self._granted: dict[str, bool] = {}  # answers given for this worker's life
+        self._asked_person: set[tuple[str, str]] = set()  # (execution, host) waiting for the person
+
+    @property
+    def choices(self) -> tuple[str, ...]:
+        return names.EGRESS_CHOICES if self.trusted else ("yes", "no")
+
+    def judge(self, payload: dict[str, Any], execution: str, reply: Reply, pause: Pause) -> None:
+        host, port = payload["host"], payload["port"]
+        allowed, reason = load_egress_policy(self.workspace, os.environ).judge(host, port)
+        if allowed is not None:
+            reply({"allowed": allowed, "reason": reason})
+        elif host in self._granted:
+            reply({"allowed": self._granted[host], "reason": "answered earlier"})
+        elif self.asker is not None:
+            args = (self.asker, host, reply, pause)
+            threading.Thread(target=self._ask_agent, args=args, name="ivralo-ask", daemon=True).start()
+        elif payload.get("person") is True:
+            self._asked_person.add((execution, host))
+            pause(True)  # resumed when the answer comes, or when the execution ends
+            question = f"Code in this cell wants to reach {host}" + (f" (port {port})" if port else "")
+            reply({"ask_person": True, "question": question, "choices": list(self.choices)})
+        else:
+            reply({"allowed": False, "reason": "nobody to ask"})
+
+    def person_answered(self, payload: dict[str, Any], execution: str, reply: Reply, pause: Pause) -> None:
+        host, choice = payload["host"], payload.get("choice")
+        if (execution, host) not in self._asked_person:
+            reply({"allowed": False, "reason": "an answer to a question nobody asked"})
+            return
+        self._asked_person.discard((execution, host))
+        pause(False)
+        reply(self._record(host, choice if choice in self.choices else "no"))
+
+    def _ask_agent(self, asker: Asker, host: str, reply: Reply, pause: Pause) -> None:
+        pause(True)  # the time the person takes does not count against the deadline
+        try:
+            choice = asker(f"Code in run_python wants to reach {host}", self.choices)
+        except Exception as exc:  # noqa: BLE001 - a failing callback is a "no", never a hang
+            log.warning("ivralo: the ask callback failed (%s); refusing %s", exc, host)
+            choice = "no"
+        finally:
+            pause(False)
+        reply(self._record(host, choice))
+
+    def _record(self, host: str, choice: str) -> dict[str, Any]:
+        if choice == "always" and self.trusted:
+            allow_always(self.workspace, host)
+            return {"allowed": True, "reason": "always (hosts.allow)"}
+        if choice in ("yes", "always"):
+            self._granted[host] = True
+            return {"allowed": True, "reason": "yes this time"}
+        self._granted[host] = False
+        return {"allowed": False, "reason": "the person said no"}

@@ -21,7 +21,7 @@ from typing import Any
 import psutil
 from jupyter_client.launcher import launch_kernel
 from jupyter_client.provisioning.local_provisioner import LocalProvisioner
-from traitlets import Bool, Int, Unicode, validate
+from traitlets import Bool, Int, List, Unicode, validate
 
 from ivralo_kernel.host.announce import answer_lost_execution
 from ivralo_kernel.host.broker import BrokerResponder
@@ -56,6 +56,14 @@ class IvraloProvisioner(LocalProvisioner):  # type: ignore[misc]
         help="Apply the Landlock write floor (Linux >= 5.13): the OS refuses writes outside the workspace "
         "from any process of the kernel's tree. Off only to diagnose.",
     )
+    landlock_network = Bool(
+        True,
+        config=True,
+        help="Apply the Landlock TCP floor too (Linux >= 6.7, Landlock ABI 4): any process of the kernel's "
+        "tree (curl, pip, ctypes) may open TCP connections only to the ports of the hosts in hosts.allow "
+        "(80 and 443 for a host listed without a port; none when none is listed). Fixed when the kernel "
+        "starts: a host allowed later on another port needs a restart. Off when landlock is off.",
+    )
     deadline_ms = Int(
         0,
         config=True,
@@ -77,7 +85,22 @@ class IvraloProvisioner(LocalProvisioner):  # type: ignore[misc]
         "a death. Off for hosts that replace workers themselves (the agent Session).",
     )
 
+    grants = List(
+        Unicode(),
+        config=True,
+        help='Broker grants of kernels started here: "databases" for queries on databases.json, and an '
+        'operation group such as "photos" for API calls. Set in kernel.json (ivralo-kernel install --grant) '
+        "or Jupyter config, where code in the kernel cannot write.",
+    )
+    operations_file = Unicode(
+        "",
+        config=True,
+        help="An apis.json with more broker operations, besides the config home's (its URL templates decide "
+        "where credentials go: keep it where code in the kernel cannot write).",
+    )
+
     policy_file: str | None = None
+    session_grants: frozenset[str] | None = None  # an agent Session's grants replace the configured ones
     watchdog: Watchdog | None = None
     replacements = 0  # kernels replaced after a kill, over this provisioner's life
     broker: BrokerResponder | None = None
@@ -100,6 +123,7 @@ class IvraloProvisioner(LocalProvisioner):  # type: ignore[misc]
             host_enforces_deadline=True,  # the watchdog below; the kernel's own stays off
             trusted=is_trusted(self.workspace or cwd, os.environ),
             landlock=self.landlock,
+            landlock_network=self.landlock and self.landlock_network,
         )
 
     def watchdog_settings(self) -> WatchdogSettings:
@@ -117,6 +141,7 @@ class IvraloProvisioner(LocalProvisioner):  # type: ignore[misc]
     async def pre_launch(self, **kwargs: Any) -> dict[str, Any]:
         kwargs = await super().pre_launch(**kwargs)
         policy = self.policy_for(str(kwargs.get("cwd") or os.getcwd()))
+        original_env = dict(kwargs["env"])
         db_names, problems = database_env_names(policy.workspace, kwargs["env"])
         env, removed = scrub(kwargs["env"], db_names)
         for problem in problems:
@@ -127,9 +152,18 @@ class IvraloProvisioner(LocalProvisioner):  # type: ignore[misc]
             )
         self.policy_file = self._write_policy(policy)
         # A fresh responder per kernel ("yes this time" lasts one worker's life); the asker stays.
+        # It holds the credentials, so it reads the environment before the scrub.
+        previous = self.broker
         self.broker = BrokerResponder(
-            policy.workspace, bool(policy.trusted), self.broker.asker if self.broker else None
+            policy.workspace,
+            bool(policy.trusted),
+            previous.asker if previous else None,
+            grants=self.session_grants if self.session_grants is not None else self.grants,
+            env=original_env,
+            operations_files=(self.operations_file,) if self.operations_file else (),
         )
+        if previous is not None:
+            previous.close()
         env[names.ENV_POLICY_FILE] = self.policy_file
         env[names.ENV_WORKSPACE] = policy.workspace
         kwargs["env"] = env
@@ -245,9 +279,17 @@ class IvraloProvisioner(LocalProvisioner):  # type: ignore[misc]
         except psutil.Error:
             return []
 
+    def set_broker_grants(self, grants: frozenset[str]) -> None:
+        """An agent Session's grants: for the running kernel's broker and every replacement."""
+        self.session_grants = grants
+        if self.broker is not None:
+            self.broker.grants = grants
+
     async def cleanup(self, restart: bool = False) -> None:
         if self.watchdog is not None:
             self.watchdog.stop()
+        if self.broker is not None and not restart:
+            self.broker.close()
         await super().cleanup(restart)
         if self.policy_file:
             with contextlib.suppress(OSError):

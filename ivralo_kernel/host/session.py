@@ -141,8 +141,15 @@ class Session:
         return self._worker
 
     def _connect_asker(self, worker: Worker) -> None:
-        """Questions the host has for this session (e.g. an unknown host) go to ``ask``, on our loop."""
-        broker = getattr(worker.km.provisioner, "broker", None)
+        """This session's grants go to the worker's broker; questions the host has for it (e.g. an
+        unknown host) go to ``ask``, on our loop."""
+        provisioner = worker.km.provisioner
+        set_grants = getattr(provisioner, "set_broker_grants", None)
+        if set_grants is not None:
+            set_grants(frozenset(self.grants))
+        broker = getattr(provisioner, "broker", None)
+        if broker is not None and self.ask is None:
+            broker.asker = None  # a pooled worker must not keep another session's asker
         if broker is None or self.ask is None:
             return
         loop, ask = asyncio.get_running_loop(), self.ask

@@ -82,6 +82,9 @@ class Watchdog:
         self.broker = broker
         self.comm_id = uuid.uuid4().hex
         self._outbox: queue.SimpleQueue[tuple[str, dict[str, Any]]] = queue.SimpleQueue()
+        # Answers come from other threads (a brokered call, a person); a byte here wakes the poll at once.
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._wake_lock = threading.Lock()
         self._log = log or logging.getLogger(__name__)
         self._clock = clock
         self.observer = Observer(root_pid, settings.stall_window_ms, clock)
@@ -152,6 +155,7 @@ class Watchdog:
         poller = zmq.Poller()
         poller.register(iopub, zmq.POLLIN)
         poller.register(control, zmq.POLLIN)
+        poller.register(self._wake_r, zmq.POLLIN)
         poll_s = self.settings.observer_poll_ms / 1000
         next_sample = self._clock()
         try:
@@ -163,6 +167,9 @@ class Watchdog:
                     self._drain(iopub, self._on_iopub)
                 if control in events:
                     self._drain(control, self._on_control)
+                if self._wake_r in events:
+                    with contextlib.suppress(BlockingIOError):
+                        os.read(self._wake_r, 4096)
                 while not self._outbox.empty():
                     req_id, answer = self._outbox.get()
                     self._send(control, names.MSG_BROKER_REPLY, {"req_id": req_id, "answer": answer})
@@ -179,6 +186,10 @@ class Watchdog:
             control.close(linger=0)
             shell.close(linger=0)
             context.term()
+            with self._wake_lock:  # a late answer must not write to a reused descriptor number
+                os.close(self._wake_r)
+                os.close(self._wake_w)
+                self._wake_w = -1
 
     def _wakeups(self, now: float) -> list[float]:
         with self._lock:
@@ -233,8 +244,11 @@ class Watchdog:
         with self._lock:
             execution = parent_id if parent_id in self.running else None
 
-        def reply(answer: dict[str, Any]) -> None:  # from this thread or an asking thread
+        def reply(answer: dict[str, Any]) -> None:  # from this thread, an asking or a calling thread
             self._outbox.put((str(req_id), answer))
+            with self._wake_lock, contextlib.suppress(OSError):  # full: it is being drained anyway
+                if self._wake_w >= 0:
+                    os.write(self._wake_w, b"!")
 
         def pause(on: bool) -> None:
             if execution is not None:

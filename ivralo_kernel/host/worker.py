@@ -39,6 +39,7 @@ class WorkerSettings:
             "interrupt_grace_ms": c.interrupt_grace_ms,
             "observer_poll_ms": c.observer_poll_ms,
             "stall_window_ms": c.stall_window_ms,
+            "landlock_network": c.landlock_network,
             "replace_killed_kernel": False,  # the session replaces its worker and names what was lost
         }
         optional = {

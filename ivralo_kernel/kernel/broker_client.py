@@ -11,7 +11,17 @@ from __future__ import annotations
 import threading
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
+
+
+class PersonPrompt(Protocol):
+    """The person at the frontend, reached through the running cell's stdin channel."""
+
+    def available(self) -> bool:
+        """True when the running execution allows input requests (a notebook or console does)."""
+        ...
+
+    def ask(self, prompt: str) -> str: ...
 
 
 class BrokerUnavailable(RuntimeError):
@@ -21,10 +31,16 @@ class BrokerUnavailable(RuntimeError):
 class BrokerClient:
     def __init__(self) -> None:
         self._comm: Any = None
+        self.person: PersonPrompt | None = None  # set by the kernel once it is built
         # Called around a wait: the deadline backstop stops counting while the host (or a person) answers.
         self.on_wait: tuple[Callable[[], None], Callable[[], None]] | None = None
         self._lock = threading.Lock()
         self._pending: dict[str, tuple[threading.Event, list[dict[str, Any]]]] = {}
+        self.records: list[dict[str, Any]] = []  # the host's record of each call it made, this execution
+
+    def take_records(self) -> list[dict[str, Any]]:
+        records, self.records = self.records, []
+        return records
 
     @property
     def attached(self) -> bool:
@@ -37,12 +53,17 @@ class BrokerClient:
     def _detach(self) -> None:
         self._comm = None
 
-    def ask(self, kind: str, payload: dict[str, Any], timeout: float) -> dict[str, Any]:
+    def ask(
+        self, kind: str, payload: dict[str, Any], timeout: float, *, pause_deadline: bool = False
+    ) -> dict[str, Any]:
+        """Send a request and wait for its answer. ``pause_deadline``: somebody may be asked, whose
+        time does not count against the cell's deadline."""
         comm = self._comm
         if comm is None:
             raise BrokerUnavailable(
-                "no ivralo host is attached to answer (the kernel was started without one, e.g. by VS Code); "
-                "start it through jupyter_client, JupyterLab or ivralo_kernel.host.Session"
+                "no ivralo host is attached to this kernel to answer (it was started without one: VS Code and "
+                "other raw launches run kernel.json's command directly). Run it under an ivralo host: JupyterLab, "
+                "jupyter console or any jupyter_client host with the ivralo kernelspec, or ivralo_kernel.host.Session"
             )
         req_id = uuid.uuid4().hex
         event = threading.Event()
@@ -51,14 +72,15 @@ class BrokerClient:
             self._pending[req_id] = (event, box)
         try:
             comm.send({"req_id": req_id, "kind": kind, "payload": payload})
-            if self.on_wait is not None:
-                self.on_wait[0]()
+            pauses = self.on_wait if pause_deadline else None
+            if pauses is not None:
+                pauses[0]()
             try:
                 if not event.wait(timeout):
                     raise TimeoutError(f"the ivralo host did not answer a {kind} request within {timeout:g} s")
             finally:
-                if self.on_wait is not None:
-                    self.on_wait[1]()
+                if pauses is not None:
+                    pauses[1]()
             return box[0]
         finally:
             with self._lock:

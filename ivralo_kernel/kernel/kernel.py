@@ -26,6 +26,7 @@ from ipykernel.ipkernel import IPythonKernel
 
 from ivralo_kernel import __version__
 from ivralo_kernel.guards.network import hosts_tried_line
+from ivralo_kernel.kernel import api
 from ivralo_kernel.kernel.broker_client import BROKER
 from ivralo_kernel.kernel.deadline import DeadlineNotices, InKernelWatchdog, SupervisorBackstop
 from ivralo_kernel.kernel.launch_state import STATE
@@ -58,6 +59,10 @@ class IvraloKernel(IPythonKernel):
         self._replacement_gate = _ReplacementGate() if os.environ.pop(names.ENV_REPLACEMENT, "") else None
         # The host opens the broker comm (a frontend closes kernel-opened comms it does not know).
         self.comm_manager.register_target(names.COMM_TARGET, lambda comm, _msg: BROKER.attach(comm))
+        BROKER.person = _CellPrompt(self)
+        # The broker's API, ready in every cell as `ivralo` (help(ivralo)); hidden from %who and
+        # the namespace API, like IPython's own names.
+        self.shell.push({"ivralo": api}, interactive=False)
         policy = STATE.policy
         self._backstop: SupervisorBackstop | None = None
         self._watchdog: InKernelWatchdog | None = None
@@ -111,6 +116,7 @@ class IvraloKernel(IPythonKernel):
         self._executing = msg_id
         if STATE.network is not None:
             STATE.network.take_attempts()  # each cell lists only the hosts it tried
+        BROKER.take_records()
         if self._backstop is not None:
             due = self._backstop.started()
             if self._watchdog is not None and msg_id:
@@ -119,8 +125,12 @@ class IvraloKernel(IPythonKernel):
             reply: dict[str, Any] = await super().do_execute(
                 code, silent, store_history, user_expressions, allow_stdin, cell_meta=cell_meta, cell_id=cell_id
             )
+            # After the cell's output, in it: the stored run (a saved notebook) keeps these lines.
+            records = BROKER.take_records()
+            if records and not silent:
+                print(api.record_line(records), flush=True)
             attempts = STATE.network.take_attempts() if STATE.network is not None else {}
-            if attempts and not silent:  # after the cell's output, in it: the stored run keeps it
+            if attempts and not silent:
                 print(hosts_tried_line(attempts), flush=True)
             return reply
         finally:
@@ -229,6 +239,27 @@ def _show_interrupt(shell: Any, etype: type, value: BaseException, tb: Any, tb_o
         stb = [DeadlineNotices.text(deadline_ms)]
     shell._showtraceback(etype, value, stb)
     return stb
+
+
+class _CellPrompt:
+    """Questions for the person go to the running cell's input prompt, as ``input()`` does; the
+    time the person takes does not count against the deadline."""
+
+    def __init__(self, kernel: IvraloKernel) -> None:
+        self._kernel = kernel
+
+    def available(self) -> bool:
+        return bool(self._kernel._allow_stdin) and self._kernel._executing is not None
+
+    def ask(self, prompt: str) -> str:
+        backstop = self._kernel._backstop
+        if backstop is not None:
+            backstop.pause()
+        try:
+            return str(self._kernel.raw_input(prompt))
+        finally:
+            if backstop is not None:
+                backstop.resume()
 
 
 class _ReplacementGate:

@@ -23,6 +23,8 @@ class LaunchState:
     policy: KernelPolicy | None = None
     pipe: SupervisorPipe | None = None
     network: NetworkGuard | None = None
+    # Ports the Landlock TCP floor lets this kernel's tree connect to; None: no floor in force.
+    tcp_floor: tuple[int, ...] | None = None
 
 
 STATE = LaunchState()

@@ -20,17 +20,16 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from typing import Any
 
 from ivralo_kernel.guards import apply_limits, scrub_environ
 from ivralo_kernel.guards._hooks import FileGuard, close_the_trust_gate, install_file_guard
 from ivralo_kernel.guards.fs import FsPolicy
 from ivralo_kernel.guards.history import History
-from ivralo_kernel.guards.landlock import LandlockRules
+from ivralo_kernel.guards.landlock import LandlockResult, LandlockRules
 from ivralo_kernel.guards.landlock import apply as apply_landlock
 from ivralo_kernel.guards.network import install_network_guard
-from ivralo_kernel.kernel.broker_client import BROKER, BrokerUnavailable
+from ivralo_kernel.kernel.egress_judge import egress_judge
 from ivralo_kernel.kernel.launch_state import STATE
 from ivralo_kernel.kernel.stages import SupervisorPipe, write_failure
 from ivralo_kernel.protocol import KernelPolicy, default_memory_limit, names
@@ -83,40 +82,44 @@ def _private_tmp() -> str:
     return os.path.realpath(tmp)
 
 
-def _apply_landlock(policy: KernelPolicy, workspace: str, tmp: str) -> str:
-    """The floor under the Python guard: writes outside these trees are refused by the OS, from any
-    process in the kernel's tree (a shell, ctypes, a subprocess). Returns what the layer report says."""
-    if not policy.landlock:
+def _tcp_floor_ports(policy: KernelPolicy, workspace: str) -> tuple[int, ...] | None:
+    """Ports of the hosts allowed now (None: no TCP floor wanted). Read here, before the read guard
+    closes .ivralo/; a host allowed later ("yes", "always") cannot widen a Landlock domain."""
+    if not policy.landlock_network:
+        return None
+    return load_egress_policy(workspace, os.environ).connect_ports()
+
+
+def _tcp_floor_report(ports: tuple[int, ...] | None, result: LandlockResult) -> str:
+    if ports is None:
         return "off (turned off by the host's settings)"
+    if "tcp-connect" not in result.handled:
+        return f"unavailable: Landlock ABI {result.abi}; the TCP floor needs ABI 4 (Linux >= 6.7)"
+    return "ports " + ", ".join(map(str, ports)) if ports else "no TCP connect"
+
+
+def _apply_landlock(policy: KernelPolicy, workspace: str, tmp: str) -> tuple[str, str]:
+    """The floor under the Python guards, for every process in the kernel's tree (a shell, ctypes, a
+    subprocess): writes outside these trees are refused by the OS, and so is a TCP connect to a port
+    no allowed host uses (BIND is never handled: the kernel binds its own ZMQ ports). Returns what
+    the layer report says about the write floor and the TCP floor."""
+    if not policy.landlock:
+        return "off (turned off by the host's settings)", "off (the Landlock write floor is off)"
     if len(os.listdir("/proc/self/task")) != 1:  # a thread started earlier would keep write access
-        return "not applied: a thread was already running"
+        return "not applied: a thread was already running", "not applied: a thread was already running"
     write_trees = (tmp,) if policy.role == names.ROLE_READONLY else (workspace, tmp)
-    result = apply_landlock(LandlockRules(write_trees=write_trees, write_files=("/dev/null", "/dev/tty")))
+    ports = _tcp_floor_ports(policy, workspace)
+    rules = LandlockRules(write_trees=write_trees, write_files=("/dev/null", "/dev/tty"), connect_ports=ports)
+    result = apply_landlock(rules)
+    tcp_report = _tcp_floor_report(ports, result)
     if not result.applied:
         STATE.notes.append(result.reason)
-        return f"unavailable: {result.reason}"
-    return f"ABI {result.abi}: {', '.join(result.handled)}"
-
-
-# Asking a person may take a while; the host pauses the cell's deadline meanwhile.
-EGRESS_ANSWER_TIMEOUT_S = 600.0
-
-
-def _egress_judge(workspace: str) -> Callable[[str, int | None], tuple[bool, str]]:
-    """Who decides: the host over the broker when one is attached (it may ask the person);
-    otherwise (a launch without our host) the allow list alone, and nobody to ask."""
-
-    def judge(host: str, port: int | None) -> tuple[bool, str]:
-        try:
-            answer = BROKER.ask(names.BROKER_EGRESS, {"host": host, "port": port}, EGRESS_ANSWER_TIMEOUT_S)
-        except BrokerUnavailable:
-            allowed, reason = load_egress_policy(workspace, os.environ).judge(host, port)
-            return (True, reason) if allowed else (False, "no ivralo host is attached to ask")
-        except TimeoutError:
-            return False, "the ivralo host did not answer"
-        return bool(answer.get("allowed")), str(answer.get("reason") or "refused by the host")
-
-    return judge
+        return f"unavailable: {result.reason}", tcp_report
+    if "tcp-connect" in result.handled:
+        STATE.tcp_floor = ports
+    elif ports is not None:
+        STATE.notes.append(f"TCP connect floor {tcp_report}: subprocesses may connect to any port")
+    return f"ABI {result.abi}: {', '.join(result.handled)}", tcp_report
 
 
 def _ensure_ipython_profile() -> None:
@@ -130,7 +133,7 @@ def _ensure_ipython_profile() -> None:
 def _install_file_guards(policy: KernelPolicy, workspace: str) -> tuple[FileGuard, bool]:
     tmp = _private_tmp()
     _ensure_ipython_profile()
-    STATE.layers["landlock"] = _apply_landlock(policy, workspace, tmp)
+    STATE.layers["landlock"], STATE.layers["tcp_connect_floor"] = _apply_landlock(policy, workspace, tmp)
     connection_file = sys.argv[sys.argv.index("-f") + 1] if "-f" in sys.argv[:-1] else ""
     ipython_dir = os.environ.get("IPYTHONDIR") or os.path.expanduser("~/.ipython")
     fs_policy = FsPolicy(
@@ -191,7 +194,7 @@ def main() -> None:
         }
         reporter.reached_stage(names.STAGE_GUARDS_INSTALLED)
 
-        STATE.network = install_network_guard(_egress_judge(workspace))
+        STATE.network = install_network_guard(egress_judge(workspace), tcp_floor=STATE.tcp_floor)
         STATE.layers["network_guard"] = "audit hook, asks the host"
         app = _build_app()  # step 6
         file_guard.starting = False  # from here on, the kernel's own folders are closed too

@@ -6,6 +6,10 @@ matches exactly (case-insensitive); ``*.example.com`` matches any subdomain (not
 itself); ``host:port`` limits an entry to one port. Everything else is unknown (asked about, or
 refused when nobody can answer).
 
+The same entries set the kernel's TCP floor (Landlock, for subprocesses and native code, which the
+Python-level guard never sees): TCP connect only to the ports they name, 80 and 443 for an entry
+without a port, none at all when nothing is listed or the policy is closed.
+
 A malformed file is reported with its path, line and field, and the policy then **fails closed**:
 nothing from any file is allowed until the file is fixed, because a half-read grant list is a
 grant list nobody wrote.
@@ -24,6 +28,9 @@ from ivralo_kernel.protocol import names
 from ivralo_kernel.protocol.credentials import config_home
 
 PERMISSIONS_FILE = "permissions.json"
+# An entry without a port ("api.example.com") is reached over HTTP or HTTPS in nearly every case;
+# opening every port for it would leave the floor with nothing to stop.
+PORTS_OF_A_HOST_WITHOUT_PORT = (80, 443)
 
 
 @dataclass(frozen=True)
@@ -48,6 +55,15 @@ class EgressPolicy:
     def closed(self) -> bool:
         """A file could not be read: refuse everything, and say which file to fix."""
         return bool(self.problems)
+
+    def connect_ports(self) -> tuple[int, ...]:
+        """The TCP ports the floor lets any process of the kernel connect to, sorted."""
+        if self.closed:
+            return ()
+        ports: set[int] = set()
+        for entry in self.allow:
+            ports.update((entry.port,) if entry.port is not None else PORTS_OF_A_HOST_WITHOUT_PORT)
+        return tuple(sorted(ports))
 
     def judge(self, host: str, port: int | None) -> tuple[bool | None, str]:
         """(True: allowed | False: refused | None: unknown, the reason in a few words)."""

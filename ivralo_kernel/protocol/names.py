@@ -23,6 +23,7 @@ ENV_DEADLINE_MS: Final = "IVRALO_DEADLINE_MS"
 ENV_HISTORY_CAP: Final = "IVRALO_HISTORY_CAP_BYTES"
 ENV_REPLACEMENT: Final = "IVRALO_REPLACEMENT"  # "1": this kernel replaces one the watchdog killed
 ENV_LANDLOCK: Final = "IVRALO_LANDLOCK"  # "off" turns the OS write floor off (tests, diagnosis)
+ENV_LANDLOCK_NETWORK: Final = "IVRALO_LANDLOCK_NETWORK"  # "off": no TCP connect floor (diagnosis)
 ENV_TMPDIR: Final = "IVRALO_TMPDIR"  # the kernel's private temp folder, made and removed by the supervisor
 ENV_INTERRUPT_GRACE_MS: Final = "IVRALO_INTERRUPT_GRACE_MS"
 # Set by the supervisor only: the pipe the kernel reports its start-up stages on, and the
@@ -66,7 +67,13 @@ CONTROL_MSG_TYPES: Final = (MSG_DEADLINE_NOTICE, MSG_STATUS_REQUEST, MSG_BROKER_
 # The broker comm: opened by the host (a frontend closes kernel-opened comms it does not know);
 # requests travel as comm_msg on IOPub, tied to the running execution by their parent header.
 COMM_TARGET: Final = "ivralo.broker"
-BROKER_EGRESS: Final = "egress"  # {"host": str, "port": int | None} -> {"allowed": bool, "reason": str}
+BROKER_EGRESS: Final = "egress"  # {"host", "port", "person": bool} -> {"allowed", "reason"} | {"ask_person", ...}
+# The person's answer to an "ask_person" reply, relayed from the cell's stdin: {"host", "port", "choice"}.
+BROKER_EGRESS_ANSWER: Final = "egress_answer"
+BROKER_API: Final = "api"  # {"operation": str, "params": {...}} -> {"ok", "result" | "error", "record"}
+BROKER_SQL: Final = "sql"  # {"database": str, "query": str, "params": {...}} -> the same shape
+BROKER_CATALOG: Final = "catalog"  # {} -> the operations and databases this host knows (names only)
+EGRESS_CHOICES: Final = ("yes", "always", "no")  # yes: for this worker's life; always: into hosts.allow
 
 # Lines the kernel writes to the supervisor's pipe (ENV_STAGE_FD), one per line.
 PIPE_STAGE: Final = "stage:"  # + stage name

@@ -1,0 +1,221 @@
+"""[host] Databases the broker can query: named in ``databases.json``, connected by the host.
+
+Each entry names the environment variable that holds the database's URL (the credential); the
+kernel never sees it. Entries, per database, under ``"databases"`` or at the top level:
+``"name": "ENV_VAR"`` or ``"name": {"url_env": "ENV_VAR", "read_only": true, "max_rows": 100000,
+"max_bytes": 67108864}``. The file is read when the kernel starts (the workspace's, then the config
+home's), so code cannot add a database to a running kernel's broker.
+
+Queries run through SQLAlchemy. ``read_only`` (the default) is enforced by the database itself
+where the dialect lets a session say so (PostgreSQL: ``SET TRANSACTION READ ONLY``; SQLite:
+``PRAGMA query_only``); for other dialects a read-only entry is refused rather than trusted.
+A read-only query must also be one statement, or ``commit; insert ...`` would end the read-only
+transaction and write: sqlite3 refuses several statements itself; on PostgreSQL the psycopg driver
+prepares every statement (``prepare_threshold=0``), and the server refuses several in a prepared
+one. Other PostgreSQL drivers send several statements as they are, so a read-only entry needs
+``postgresql+psycopg://``.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import decimal
+import json
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy
+from sqlalchemy.engine import Engine
+
+from ivralo_kernel.host.vault import CredentialVault
+from ivralo_kernel.protocol import names
+from ivralo_kernel.protocol.credentials import config_home
+
+DEFAULT_MAX_ROWS = 100_000
+DEFAULT_MAX_BYTES = 64 << 20
+FETCH_BATCH = 2_000
+MAX_QUERY_CHARS = 100_000
+READ_ONLY_DIALECTS = ("postgresql", "sqlite")
+
+
+class QueryRefused(Exception):
+    """A query the host will not run, or one that failed; the message is safe to show."""
+
+
+@dataclass(frozen=True)
+class DatabaseEntry:
+    name: str
+    url_env: str
+    read_only: bool = True
+    max_rows: int = DEFAULT_MAX_ROWS
+    max_bytes: int = DEFAULT_MAX_BYTES
+
+
+@dataclass(frozen=True)
+class QueryAnswer:
+    columns: list[str]
+    rows: list[list[Any]]
+    cut: str | None  # why the rows stop early, when they do
+    rowcount: int | None = None  # rows a write changed
+
+
+def load_databases(workspace: str, env: Mapping[str, str]) -> tuple[dict[str, DatabaseEntry], list[str]]:
+    found: dict[str, DatabaseEntry] = {}
+    problems: list[str] = []
+    # The config home first, so that the workspace's entry of the same name wins (closer is newer).
+    for path in (config_home(env) / names.DATABASES_FILE, Path(workspace) / names.DATABASES_FILE):
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            continue
+        except (OSError, ValueError) as exc:
+            problems.append(f"{path}: cannot be read as JSON ({exc})")
+            continue
+        if isinstance(data, dict) and isinstance(data.get("databases"), dict):
+            data = data["databases"]
+        if not isinstance(data, dict):
+            problems.append(f"{path}: expected an object mapping database names to their URL variable")
+            continue
+        for db_name, entry in data.items():
+            spec = {"url_env": entry} if isinstance(entry, str) else entry
+            try:
+                found[db_name] = _entry(db_name, spec)
+            except (ValueError, TypeError) as exc:
+                problems.append(f'{path}: database "{db_name}": {exc}')
+    return found, problems
+
+
+def _entry(name: str, spec: Any) -> DatabaseEntry:
+    if not isinstance(spec, dict):
+        raise ValueError('give the variable holding its URL as "url_env"')
+    url_env = spec.get("url_env", spec.get("env"))
+    if not isinstance(url_env, str) or not url_env:
+        raise ValueError('field "url_env" must name the environment variable holding its URL')
+    read_only, max_rows, max_bytes = (
+        spec.get("read_only", True),
+        spec.get("max_rows", DEFAULT_MAX_ROWS),
+        spec.get("max_bytes", DEFAULT_MAX_BYTES),
+    )
+    if not isinstance(read_only, bool):
+        raise ValueError('field "read_only" must be true or false')
+    for field, value in (("max_rows", max_rows), ("max_bytes", max_bytes)):
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ValueError(f'field "{field}" must be a positive integer')
+    return DatabaseEntry(name, url_env, read_only, max_rows, max_bytes)
+
+
+def _json_value(value: Any) -> Any:
+    """A cell value as JSON can carry it (the kernel gets it over the Jupyter protocol)."""
+    if value is None or isinstance(value, bool | int | str):
+        return value
+    if isinstance(value, float):
+        return value if value == value and abs(value) != float("inf") else str(value)
+    if isinstance(value, decimal.Decimal):
+        return float(value)
+    if isinstance(value, datetime.date | datetime.time):
+        return value.isoformat()
+    if isinstance(value, datetime.timedelta):
+        return value.total_seconds()
+    if isinstance(value, bytes | bytearray | memoryview):
+        return base64.b64encode(bytes(value)).decode("ascii")
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    return str(value)
+
+
+class Databases:
+    def __init__(self, entries: Mapping[str, DatabaseEntry], vault: CredentialVault) -> None:
+        self.entries = dict(entries)
+        self._vault = vault
+        self._engines: dict[str, Engine] = {}
+
+    def _engine(self, entry: DatabaseEntry) -> Engine:
+        engine = self._engines.get(entry.name)
+        if engine is not None:
+            return engine
+        url_text = self._vault.get(entry.url_env)
+        if not url_text:
+            raise QueryRefused(
+                f'database "{entry.name}": the host has no value for {entry.url_env} (set it in the environment '
+                "that starts JupyterLab or the agent, or in the workspace's .env)"
+            )
+        try:
+            url = sqlalchemy.make_url(url_text)
+        except sqlalchemy.exc.ArgumentError:
+            raise QueryRefused(f'database "{entry.name}": {entry.url_env} does not hold a database URL') from None
+        if url.password:
+            self._vault.also_redact(entry.url_env, str(url.password))
+        if entry.read_only and url.get_backend_name() not in READ_ONLY_DIALECTS:
+            raise QueryRefused(
+                f'database "{entry.name}": read_only is enforced only for {", ".join(READ_ONLY_DIALECTS)}; give '
+                'it a read-only database role and set "read_only": false in databases.json'
+            )
+        connect_args: dict[str, Any] = {}
+        if entry.read_only and url.get_backend_name() == "postgresql":
+            if url.get_driver_name() != "psycopg":
+                raise QueryRefused(
+                    f'database "{entry.name}": read_only on PostgreSQL is enforced with the psycopg driver only; '
+                    f"write {entry.url_env} as postgresql+psycopg://... (pip install 'psycopg[binary]')"
+                )
+            connect_args["prepare_threshold"] = 0  # one statement per query (see the module's docstring)
+        try:
+            engine = sqlalchemy.create_engine(url, pool_pre_ping=True, connect_args=connect_args)
+        except Exception as exc:  # noqa: BLE001 - a missing driver or a bad option: say so, redacted
+            raise QueryRefused(self._vault.redact(f'database "{entry.name}": {type(exc).__name__}: {exc}')) from None
+        self._engines[entry.name] = engine
+        return engine
+
+    def query(self, name: str, sql: str, params: Mapping[str, Any]) -> QueryAnswer:
+        entry = self.entries[name]
+        engine = self._engine(entry)
+        try:
+            with engine.connect() as conn:
+                dialect = engine.dialect.name
+                if entry.read_only and dialect == "sqlite":
+                    conn.exec_driver_sql("PRAGMA query_only = ON")
+                elif entry.read_only and dialect == "postgresql":
+                    conn.exec_driver_sql("SET TRANSACTION READ ONLY")
+                try:
+                    answer = self._run(conn, entry, sql, params)
+                finally:
+                    if entry.read_only and dialect == "sqlite":
+                        conn.rollback()
+                        conn.exec_driver_sql("PRAGMA query_only = OFF")
+                if entry.read_only:
+                    conn.rollback()
+                else:
+                    conn.commit()
+                return answer
+        except sqlalchemy.exc.SQLAlchemyError as exc:
+            detail = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+            raise QueryRefused(self._vault.redact(f'database "{name}": {type(exc).__name__}: {detail}')) from None
+
+    def _run(self, conn: Any, entry: DatabaseEntry, sql: str, params: Mapping[str, Any]) -> QueryAnswer:
+        result = conn.execute(sqlalchemy.text(sql), dict(params))
+        if not result.returns_rows:
+            return QueryAnswer([], [], None, result.rowcount)
+        columns = list(result.keys())
+        rows: list[list[Any]] = []
+        size, cut = 0, None
+        while cut is None and (batch := result.fetchmany(FETCH_BATCH)):
+            for row in batch:
+                if len(rows) >= entry.max_rows:
+                    cut = f"cut at {entry.max_rows} rows (max_rows of {entry.name} in databases.json)"
+                    break
+                values = [_json_value(v) for v in row]
+                size += len(json.dumps(values, separators=(",", ":")))
+                if size > entry.max_bytes:
+                    cut = f"cut at {len(rows)} rows: {entry.max_bytes} bytes (max_bytes of {entry.name})"
+                    break
+                rows.append(values)
+        result.close()
+        return QueryAnswer(columns, rows, cut)
+
+    def close(self) -> None:
+        for engine in self._engines.values():
+            engine.dispose()
+        self._engines.clear()

@@ -1,0 +1,196 @@
+"""Asking the person about an unknown host, through the running cell's stdin channel: the way a
+notebook or ``jupyter console`` user answers ``input()``. Nobody to ask (nbclient) is a refusal.
+Loopback only: an HTTP server on 127.0.0.1, reached as ``localhost``.
+
+The Landlock TCP floor admits only ports of hosts allowed when the kernel starts, so each test
+allows another loopback address on the server's port: the floor then admits the port, and
+``localhost`` is still unknown to the guard, which asks.
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import queue
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import nbformat
+import pexpect
+import pytest
+from jupyter_client.manager import KernelManager
+from nbclient import NotebookClient
+
+from ivralo_kernel.cli.install import install
+from ivralo_kernel.protocol.trust import set_trust
+
+BIN = Path(sys.executable).parent
+DEADLINE_MS = 2000
+
+
+@pytest.fixture
+def port() -> Iterator[int]:
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield int(httpd.server_address[1])
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join(timeout=5)
+
+
+def floor_admits(workspace: Path, port: int) -> None:
+    (workspace / ".ivralo").mkdir(exist_ok=True)
+    allow = {"hosts": {"allow": [f"127.0.0.9:{port}"]}}
+    (workspace / ".ivralo" / "permissions.json").write_text(json.dumps(allow), encoding="utf-8")
+
+
+def fetch(port: int) -> str:
+    return f"import urllib.request\nprint(urllib.request.urlopen('http://localhost:{port}/').status)"
+
+
+@pytest.fixture
+def deadline_kernel(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    prefix = tmp_path / "prefix"
+    install(prefix=str(prefix), name="ivralo-person", provisioner_config={"deadline_ms": DEADLINE_MS})
+    monkeypatch.setenv("JUPYTER_PATH", f"{prefix}/share/jupyter{os.pathsep}{os.environ['JUPYTER_PATH']}")
+    return "ivralo-person"
+
+
+def run_answering(km: KernelManager, code: str, answers: list[str], wait_s: float = 0.0) -> dict[str, Any]:
+    """Execute with stdin allowed; answer each input request in turn (after ``wait_s``: a person
+    who takes their time). Returns the prompts seen, stdout, and the reply status."""
+    kc = km.client()
+    kc.start_channels()
+    try:
+        kc.wait_for_ready(timeout=60)
+        msg_id = kc.execute(code, allow_stdin=True)
+        prompts: list[str] = []
+        stdout, state, errors = "", "busy", []
+        deadline = time.monotonic() + 60
+        while state != "idle":
+            assert time.monotonic() < deadline, f"no idle; prompts {prompts}, stdout {stdout!r}"
+            try:
+                request = kc.get_stdin_msg(timeout=0.05)
+                prompts.append(request["content"]["prompt"])
+                if wait_s:
+                    time.sleep(wait_s)  # the person reading the question: the subject of the test
+                kc.input(answers[len(prompts) - 1])
+            except queue.Empty:
+                pass
+            try:
+                msg = kc.get_iopub_msg(timeout=0.05)
+            except queue.Empty:
+                continue
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            kind = msg["header"]["msg_type"]
+            if kind == "stream":
+                stdout += msg["content"]["text"]
+            elif kind == "error":
+                errors.append(f"{msg['content']['ename']}: {msg['content']['evalue']}")
+            elif kind == "status":
+                state = msg["content"]["execution_state"]
+        return {"prompts": prompts, "stdout": stdout, "errors": errors}
+    finally:
+        kc.stop_channels()
+
+
+def test_the_person_answers_yes_and_the_deadline_waits(workspace: Path, port: int, deadline_kernel: str) -> None:
+    """A 2 s deadline, a person who takes 3 s: the cell still completes, and is not interrupted."""
+    floor_admits(workspace, port)
+    km = KernelManager(kernel_name=deadline_kernel)
+    km.start_kernel(cwd=str(workspace))
+    try:
+        seen = run_answering(km, fetch(port), ["yes"], wait_s=3.0)
+        assert seen["prompts"] == [f"Code in this cell wants to reach localhost (port {port}). Allow? [yes/no] "]
+        assert seen["errors"] == []
+        assert seen["stdout"] == "200\n[ivralo network: localhost allowed (yes this time)]\n"
+        again = run_answering(km, fetch(port), [])  # for the rest of this worker's life
+        assert again["prompts"] == [] and again["stdout"].startswith("200\n")
+    finally:
+        km.shutdown_kernel(now=True)
+    assert "localhost" not in (workspace / ".ivralo" / "permissions.json").read_text()
+
+
+def test_always_is_offered_and_recorded_only_in_a_trusted_folder(workspace: Path, port: int) -> None:
+    floor_admits(workspace, port)
+    km = KernelManager(kernel_name="ivralo")
+    km.start_kernel(cwd=str(workspace))
+    try:
+        seen = run_answering(km, fetch(port), ["always", "n"])
+    finally:
+        km.shutdown_kernel(now=True)
+    question = f"Code in this cell wants to reach localhost (port {port})"
+    assert seen["prompts"] == [
+        f"{question}. Allow? [yes/no] ",
+        f"Please answer yes or no. {question}. Allow? ",
+    ]
+    assert seen["stdout"] == "[ivralo network: localhost refused (the person said no)]\n"
+    assert seen["errors"] and "ivralo network guard: localhost refused (the person said no)" in seen["errors"][0]
+    assert "localhost" not in (workspace / ".ivralo" / "permissions.json").read_text()
+
+    set_trust(str(workspace), True, os.environ)
+    km = KernelManager(kernel_name="ivralo")
+    km.start_kernel(cwd=str(workspace))
+    try:
+        seen = run_answering(km, fetch(port), ["a"])
+    finally:
+        km.shutdown_kernel(now=True)
+    assert seen["prompts"] == [f"{question}. Allow? [yes/always/no] "]
+    assert seen["stdout"] == "200\n[ivralo network: localhost allowed (always (hosts.allow))]\n"
+    allowed = json.loads((workspace / ".ivralo" / "permissions.json").read_text())["hosts"]["allow"]
+    assert allowed == [f"127.0.0.9:{port}", "localhost"]
+
+
+def test_nobody_to_ask_in_nbclient(workspace: Path, port: int) -> None:
+    floor_admits(workspace, port)
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "ivralo", "language": "python", "display_name": "Python (ivralo)"}
+    nb.cells = [
+        nbformat.v4.new_code_cell(
+            f"try:\n    {fetch(port).replace(chr(10), chr(10) + '    ')}\nexcept OSError as e:\n    print(e)"
+        )
+    ]
+    NotebookClient(nb, timeout=60, resources={"metadata": {"path": str(workspace)}}).execute()
+    text = "".join(o.get("text", "") for o in nb.cells[0].outputs)
+    assert "ivralo network guard: localhost refused (nobody to ask)" in text
+    assert text.endswith("[ivralo network: localhost refused (nobody to ask)]\n")
+
+
+def test_jupyter_console_asks_at_its_prompt(workspace: Path, port: int) -> None:
+    floor_admits(workspace, port)
+    child = pexpect.spawn(
+        str(BIN / "jupyter"),
+        ["console", "--kernel", "ivralo", "--simple-prompt"],
+        cwd=str(workspace),
+        env=dict(os.environ, TERM="dumb"),
+        encoding="utf-8",
+        timeout=60,
+    )
+    try:
+        child.expect(r"In \[1\]: ")
+        child.sendline(f"import urllib.request; print(urllib.request.urlopen('http://localhost:{port}/').status)")
+        child.expect(rf"Code in this cell wants to reach localhost \(port {port}\)\. Allow\? \[yes/no\] ")
+        child.sendline("yes")
+        child.expect("200")
+        child.expect(r"\[ivralo network: localhost allowed \(yes this time\)\]")
+        child.expect(r"In \[2\]: ")
+        child.sendline("exit")
+        child.expect(pexpect.EOF)
+    except pexpect.TIMEOUT:
+        raise AssertionError(f"jupyter console did not get there; the screen so far: {child.before!r}") from None
+    finally:
+        child.close(force=True)
+    assert child.exitstatus == 0
