@@ -32,8 +32,10 @@ install: $(VENV)/.installed
 # DEMO_API_KEY is set in the host, to show that the kernel never sees it.
 demo: $(VENV)/.installed
 	rm -rf .demo-workspace && mkdir .demo-workspace
-	DEMO_API_KEY=sk-demo-not-for-the-kernel $(VENV)/bin/ivralo-kernel run notebooks/tour.ipynb \
-		--workspace .demo-workspace --memory-limit 1073741824
+	$(PY) notebooks/demo_data.py .demo-data/shop.db .demo-workspace
+	DEMO_API_KEY=sk-demo-not-for-the-kernel DEMO_SHOP_DB_URL=sqlite:///$(CURDIR)/.demo-data/shop.db \
+		$(VENV)/bin/ivralo-kernel run notebooks/tour.ipynb \
+		--workspace .demo-workspace --memory-limit 1073741824 --grant databases
 	@echo "Kept by the write guard before the tour overwrote a file (.demo-workspace/.ivralo/history/):"
 	@cat .demo-workspace/.ivralo/history/index.jsonl
 

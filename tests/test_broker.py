@@ -318,3 +318,23 @@ def test_the_record_line_is_saved_in_the_notebook(
         rf"\[ivralo answered this code's calls: test\.search with {KEY_NAME} \(1 call, \d+\.\ds\)\]", outputs
     )
     assert KEY not in saved
+
+
+async def test_calls_per_execution_are_limited(workspace: Path, endpoint: Endpoint, operations: Path) -> None:
+    from ivralo_kernel.host.broker import CALLS_PER_EXECUTION
+
+    code = (
+        f"for i in range({CALLS_PER_EXECUTION + 1}):\n"
+        "    try:\n        ivralo.call('test.search', q=str(i))\n"
+        "    except ivralo.BrokerRefused as refusal:\n        print(i, refusal)"
+    )
+    async with Session(workspace=workspace, grants=("test",)) as session:
+        result = await session.run(code)
+        again = await session.run("print(ivralo.call('test.search', q='next cell').status)")
+    assert isinstance(result, str), result
+    assert result.startswith(
+        f"{CALLS_PER_EXECUTION} more than {CALLS_PER_EXECUTION} brokered calls from one execution; split the work\n"
+    ), result
+    assert "(100 calls, " in result
+    assert isinstance(again, str) and again.startswith("200\n")  # the next execution has its own budget
+    assert len(endpoint.hits) == CALLS_PER_EXECUTION + 1

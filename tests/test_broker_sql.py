@@ -74,6 +74,7 @@ def shop(workspace: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
             "shop": "SHOP_DB_URL",  # the short form: read-only, default caps
             "shop_rw": {"url_env": "SHOP_DB_URL", "read_only": False},
             "shop_capped": {"url_env": "SHOP_DB_URL", "max_rows": 3},
+            "shop_quick": {"url_env": "SHOP_DB_URL", "timeout_s": 0.3},
         },
     )
     return path
@@ -143,7 +144,8 @@ async def test_sqlite_through_the_broker(workspace: Path, shop: Path) -> None:
                 "except PermissionError as e:\n    print(type(e).__name__, e)"
             )
         )
-        assert out == "BrokerRefused unknown database 'shops' (this host knows: shop, shop_capped, shop_rw)\n"
+        known = "shop, shop_capped, shop_quick, shop_rw"
+        assert out == f"BrokerRefused unknown database 'shops' (this host knows: {known})\n"
 
         # max_rows: the rows are cut, with a warning saying where the cap comes from.
         out = ok(
@@ -164,7 +166,15 @@ async def test_sqlite_through_the_broker(workspace: Path, shop: Path) -> None:
         assert out == "[]\nFalse\nFalse\n"
         out = ok(await run("print(ivralo.databases())"))
         assert out == "{'shop': 'read-only (granted)', 'shop_capped': 'read-only (granted)', " \
-            "'shop_rw': 'read-write (granted)'}\n"  # fmt: skip
+            "'shop_quick': 'read-only (granted)', 'shop_rw': 'read-write (granted)'}\n"  # fmt: skip
+
+        # A query past its timeout_s is cancelled by the database; a broker thread is not held.
+        endless = "with recursive r(i) as (select 1 union all select i + 1 from r) select count(*) from r"
+        error = failed(await run(f"ivralo.sql('shop_quick', {endless!r})"))
+        assert (
+            'BrokerError: database "shop_quick": OperationalError: the query ran longer than 0.3 s '
+            "(timeout_s of shop_quick in databases.json)" in error
+        ), error
 
     assert not [text for text in seen if url in text]
 

@@ -76,3 +76,17 @@ def test_always_is_recorded_in_the_workspace(workspace: Path, home: Path) -> Non
     path = allow_always(str(workspace), "api.example.com")
     assert json.loads(path.read_text()) == {"hosts": {"allow": ["api.example.com"]}}
     assert load_egress_policy(str(workspace)).judge("api.example.com", 443)[0] is True
+
+
+def test_the_loopback_keyword_allows_all_of_loopback_and_nothing_else(tmp_path: Path) -> None:
+    from ivralo_kernel.protocol.egress import load_egress_policy
+
+    (tmp_path / ".ivralo").mkdir()
+    (tmp_path / ".ivralo" / "permissions.json").write_text('{"hosts": {"allow": ["loopback:8080"]}}')
+    policy = load_egress_policy(str(tmp_path), {"IVRALO_CONFIG_HOME": str(tmp_path / "home")})
+    for host in ("localhost", "api.localhost", "127.0.0.1", "127.3.2.1", "::1"):
+        assert policy.judge(host, 8080) == (True, "hosts.allow"), host
+        assert policy.judge(host, 8081)[0] is None, host
+    for host in ("example.com", "localhost.example.com", "128.0.0.1", "::2"):  # strings only: nothing is reached
+        assert policy.judge(host, 8080)[0] is None, host
+    assert policy.connect_ports() == (8080,)

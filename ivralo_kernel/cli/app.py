@@ -36,7 +36,13 @@ def _install(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     from ivralo_kernel.cli.run import run_file
 
-    return run_file(args.file, workspace=args.workspace, memory_limit=args.memory_limit, timeout=args.timeout)
+    return run_file(
+        args.file,
+        workspace=args.workspace,
+        memory_limit=args.memory_limit,
+        timeout=args.timeout,
+        grants=tuple(args.grant or ()),
+    )
 
 
 def _doctor(args: argparse.Namespace) -> int:
@@ -100,6 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workspace", help="folder the kernel runs in (default: the file's folder)")
     p.add_argument("--memory-limit", type=int, metavar="BYTES", help="RLIMIT_DATA of the kernel")
     p.add_argument("--timeout", type=float, default=600, help="seconds per cell (default: %(default)s)")
+    p.add_argument("--grant", action="append", metavar="NAME", help='a broker grant, e.g. "databases"; repeatable')
     p.set_defaults(func=_run)
     return parser
 

@@ -15,8 +15,8 @@ from ivralo_kernel.host.processes import still_running, tree_of
 from ivralo_kernel.protocol import IvraloError
 
 
-def _settings(workspace: str, memory_limit: int | None) -> dict[str, Any]:
-    settings: dict[str, Any] = {"workspace": workspace}
+def _settings(workspace: str, memory_limit: int | None, grants: tuple[str, ...]) -> dict[str, Any]:
+    settings: dict[str, Any] = {"workspace": workspace, "grants": list(grants)}
     if memory_limit:
         settings["memory_limit_bytes"] = memory_limit
     return settings
@@ -42,12 +42,14 @@ def _print_cell(number: int, source: str, outputs: list[dict[str, Any]]) -> None
     print()
 
 
-async def _run_notebook(path: Path, workspace: str, memory_limit: int | None, timeout: float) -> int:
+async def _run_notebook(
+    path: Path, workspace: str, memory_limit: int | None, timeout: float, grants: tuple[str, ...]
+) -> int:
     import nbformat
     from nbclient import NotebookClient
 
     nb = nbformat.read(path, as_version=4)
-    km = IvraloKernelManager.for_settings(**_settings(workspace, memory_limit))
+    km = IvraloKernelManager.for_settings(**_settings(workspace, memory_limit, grants))
     client = NotebookClient(nb, km=km, timeout=timeout, allow_errors=True, resources={"metadata": {"path": workspace}})
     tree: list[int] = []
     try:
@@ -74,11 +76,13 @@ async def _run_notebook(path: Path, workspace: str, memory_limit: int | None, ti
     return 0
 
 
-async def _run_script(path: Path, workspace: str, memory_limit: int | None, timeout: float) -> int:
+async def _run_script(
+    path: Path, workspace: str, memory_limit: int | None, timeout: float, grants: tuple[str, ...]
+) -> int:
     from ivralo_kernel.host import Session, WorkerConfig
 
     config = WorkerConfig(deadline_ms=int(timeout * 1000), memory_limit_bytes=memory_limit)
-    async with Session(workspace=workspace, config=config) as session:
+    async with Session(workspace=workspace, config=config, grants=grants) as session:
         result = await session.run(path.read_text(encoding="utf-8"))
     if isinstance(result, str):
         print(result, end="")
@@ -88,13 +92,15 @@ async def _run_script(path: Path, workspace: str, memory_limit: int | None, time
     return 1
 
 
-def run_file(file: str, workspace: str | None, memory_limit: int | None, timeout: float) -> int:
+def run_file(
+    file: str, workspace: str | None, memory_limit: int | None, timeout: float, grants: tuple[str, ...] = ()
+) -> int:
     path = Path(file).resolve()
     if not path.is_file():
         raise IvraloError(f"{file}: no such file. Give the path of a .ipynb or .py file.")
     folder = os.path.realpath(workspace or path.parent)
     if path.suffix == ".ipynb":
-        return asyncio.run(_run_notebook(path, folder, memory_limit, timeout))
+        return asyncio.run(_run_notebook(path, folder, memory_limit, timeout, grants))
     if path.suffix == ".py":
-        return asyncio.run(_run_script(path, folder, memory_limit, timeout))
+        return asyncio.run(_run_script(path, folder, memory_limit, timeout, grants))
     raise IvraloError(f"{file}: not a notebook or a Python file. Give a .ipynb or .py file.")

@@ -136,7 +136,7 @@ class BrokerResponder:
     # -- brokered calls --------------------------------------------------------------------
     def _call(self, kind: str, payload: Any, execution: str, reply: Reply) -> None:
         try:
-            job = self._check_api(payload) if kind == names.BROKER_API else self._check_sql(payload)
+            job, what, credential = self._check_api(payload) if kind == names.BROKER_API else self._check_sql(payload)
         except (OperationError, QueryRefused) as exc:
             reply(_refusal(str(exc)))
             return
@@ -146,9 +146,10 @@ class BrokerResponder:
             return
         if self._pool is None:
             self._pool = ThreadPoolExecutor(CALL_THREADS, thread_name_prefix="ivralo-broker")
-        self._pool.submit(self._run, job, reply)
+        self._pool.submit(self._run, job, what, credential, reply)
 
-    def _run(self, job: Callable[[], dict[str, Any]], reply: Reply) -> None:
+    def _run(self, job: Callable[[], dict[str, Any]], what: str, credential: str, reply: Reply) -> None:
+        started = time.monotonic()
         try:
             answer = job()
         except (OperationError, QueryRefused) as exc:  # the call was made and failed (a cap, a SQL error)
@@ -157,9 +158,13 @@ class BrokerResponder:
             text = self.vault.redact(f"{type(exc).__name__}: {exc}")
             log.warning("ivralo broker: a call failed: %s", text)
             answer = {"ok": False, "error": f"the host's call failed: {text}"}
+        seconds = time.monotonic() - started
+        if self.vault.get(credential):  # the credential was used, whatever the outcome: on the record
+            log.info("ivralo broker: %s with %s: %s in %.3fs", what, credential, _outcome(answer), seconds)
+            answer["record"] = {"what": what, "credential": credential, "seconds": seconds}
         reply(answer)
 
-    def _check_api(self, payload: Any) -> Callable[[], dict[str, Any]]:
+    def _check_api(self, payload: Any) -> tuple[Callable[[], dict[str, Any]], str, str]:
         if not isinstance(payload, dict) or not isinstance(payload.get("operation"), str):
             raise OperationError("malformed call: give the operation's name and its parameters")
         name = payload["operation"][:100]
@@ -178,21 +183,17 @@ class BrokerResponder:
                     f"{name}: the host has no value for {op.credential}; set it where the host starts "
                     "(the environment of JupyterLab or the agent, or the workspace's .env)"
                 )
-            started = time.monotonic()
             if self._http is None:
                 self._http = httpx.Client(timeout=op.timeout_s, trust_env=False)
             request = op.request(params, credential)
             request.extensions["timeout"] = httpx.Timeout(op.timeout_s).as_dict()
             api = perform(self._http, op, request)
-            seconds = time.monotonic() - started
-            log.info("ivralo broker: %s with %s -> HTTP %s in %.3fs", name, op.credential, api.status, seconds)
             result = {"status": api.status, "body": self.vault.redact_json(api.body), "type": api.content_type}
-            record = {"what": name, "credential": op.credential, "seconds": seconds}
-            return {"ok": True, "result": result, "record": record}
+            return {"ok": True, "result": result}
 
-        return job
+        return job, name, op.credential
 
-    def _check_sql(self, payload: Any) -> Callable[[], dict[str, Any]]:
+    def _check_sql(self, payload: Any) -> tuple[Callable[[], dict[str, Any]], str, str]:
         if not isinstance(payload, dict) or not isinstance(payload.get("database"), str):
             raise QueryRefused("malformed query: give the database's name and the SQL text")
         name, sql, params = payload["database"][:100], payload.get("query"), payload.get("params") or {}
@@ -210,18 +211,19 @@ class BrokerResponder:
             raise QueryRefused("params values must be None, bool, int, float or str")
 
         def job() -> dict[str, Any]:
-            started = time.monotonic()
             answer = self.databases.query(name, sql, params)
-            seconds = time.monotonic() - started
-            log.info(
-                "ivralo broker: query on %s with %s: %d rows in %.3fs", name, entry.url_env, len(answer.rows), seconds
-            )
             result = {"columns": answer.columns, "rows": answer.rows, "cut": answer.cut, "rowcount": answer.rowcount}
-            record = {"what": f"{name} database", "credential": entry.url_env, "seconds": seconds}
-            return {"ok": True, "result": self.vault.redact_json(result), "record": record}
+            return {"ok": True, "result": self.vault.redact_json(result)}
 
-        return job
+        return job, f"{name} database", entry.url_env
 
 
 def _refusal(reason: str) -> dict[str, Any]:
     return {"ok": False, "refused": True, "allowed": False, "reason": reason, "error": reason}
+
+
+def _outcome(answer: dict[str, Any]) -> str:
+    if not answer.get("ok"):
+        return "failed"
+    result = answer.get("result") or {}
+    return f"HTTP {result['status']}" if "status" in result else f"{len(result.get('rows') or [])} rows"

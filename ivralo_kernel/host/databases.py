@@ -22,6 +22,7 @@ import base64
 import datetime
 import decimal
 import json
+import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -37,6 +38,7 @@ from ivralo_kernel.protocol.credentials import config_home
 
 DEFAULT_MAX_ROWS = 100_000
 DEFAULT_MAX_BYTES = 64 << 20
+DEFAULT_TIMEOUT_S = 60.0
 FETCH_BATCH = 2_000
 MAX_QUERY_CHARS = 100_000
 READ_ONLY_DIALECTS = ("postgresql", "sqlite")
@@ -53,6 +55,7 @@ class DatabaseEntry:
     read_only: bool = True
     max_rows: int = DEFAULT_MAX_ROWS
     max_bytes: int = DEFAULT_MAX_BYTES
+    timeout_s: float = DEFAULT_TIMEOUT_S  # a query that runs longer is cancelled by the host
 
 
 @dataclass(frozen=True)
@@ -102,10 +105,16 @@ def _entry(name: str, spec: Any) -> DatabaseEntry:
     )
     if not isinstance(read_only, bool):
         raise ValueError('field "read_only" must be true or false')
+    timeout_s = spec.get("timeout_s", DEFAULT_TIMEOUT_S)
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float) or timeout_s <= 0:
+        raise ValueError('field "timeout_s" must be a positive number of seconds')
     for field, value in (("max_rows", max_rows), ("max_bytes", max_bytes)):
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise ValueError(f'field "{field}" must be a positive integer')
-    return DatabaseEntry(name, url_env, read_only, max_rows, max_bytes)
+    return DatabaseEntry(name, url_env, read_only, max_rows, max_bytes, float(timeout_s))
+
+
+_PLAIN = frozenset({int, str, bool, type(None)})  # passed as they are; floats are checked (NaN is not JSON)
 
 
 def _json_value(value: Any) -> Any:
@@ -125,6 +134,15 @@ def _json_value(value: Any) -> Any:
     if isinstance(value, uuid.UUID):
         return str(value)
     return str(value)
+
+
+def _limit_time(conn: Any, dialect: str, timeout_s: float) -> None:
+    """The database cancels a query that outlives ``timeout_s`` (a broker thread must not be held)."""
+    if dialect == "postgresql":
+        conn.exec_driver_sql(f"SET LOCAL statement_timeout = {int(timeout_s * 1000)}")
+    elif dialect == "sqlite":
+        deadline = time.monotonic() + timeout_s
+        conn.connection.driver_connection.set_progress_handler(lambda: int(time.monotonic() > deadline), 10_000)
 
 
 class Databases:
@@ -179,9 +197,13 @@ class Databases:
                     conn.exec_driver_sql("PRAGMA query_only = ON")
                 elif entry.read_only and dialect == "postgresql":
                     conn.exec_driver_sql("SET TRANSACTION READ ONLY")
+                _limit_time(conn, dialect, entry.timeout_s)
                 try:
                     answer = self._run(conn, entry, sql, params)
                 finally:
+                    if dialect == "sqlite":
+                        raw: Any = conn.connection.driver_connection
+                        raw.set_progress_handler(None, 0)
                     if entry.read_only and dialect == "sqlite":
                         conn.rollback()
                         conn.exec_driver_sql("PRAGMA query_only = OFF")
@@ -192,6 +214,8 @@ class Databases:
                 return answer
         except sqlalchemy.exc.SQLAlchemyError as exc:
             detail = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+            if detail in ("interrupted", "canceling statement due to statement timeout"):
+                detail = f"the query ran longer than {entry.timeout_s:g} s (timeout_s of {name} in databases.json)"
             raise QueryRefused(self._vault.redact(f'database "{name}": {type(exc).__name__}: {detail}')) from None
 
     def _run(self, conn: Any, entry: DatabaseEntry, sql: str, params: Mapping[str, Any]) -> QueryAnswer:
@@ -202,16 +226,22 @@ class Databases:
         rows: list[list[Any]] = []
         size, cut = 0, None
         while cut is None and (batch := result.fetchmany(FETCH_BATCH)):
-            for row in batch:
-                if len(rows) >= entry.max_rows:
-                    cut = f"cut at {entry.max_rows} rows (max_rows of {entry.name} in databases.json)"
-                    break
-                values = [_json_value(v) for v in row]
-                size += len(json.dumps(values, separators=(",", ":")))
-                if size > entry.max_bytes:
-                    cut = f"cut at {len(rows)} rows: {entry.max_bytes} bytes (max_bytes of {entry.name})"
-                    break
-                rows.append(values)
+            room = entry.max_rows - len(rows)
+            if len(batch) > room:
+                batch, cut = batch[:room], f"cut at {entry.max_rows} rows (max_rows of {entry.name} in databases.json)"
+            values = [[v if type(v) in _PLAIN else _json_value(v) for v in row] for row in batch]
+            # Sized a batch at a time (one dumps per row costs more than the query itself).
+            batch_size = len(json.dumps(values, separators=(",", ":")))
+            if size + batch_size > entry.max_bytes:
+                for row in values:  # find the row where the cap falls
+                    size += len(json.dumps(row, separators=(",", ":"))) + 1
+                    if size > entry.max_bytes:
+                        break
+                    rows.append(row)
+                cut = f"cut at {len(rows)} rows: {entry.max_bytes} bytes (max_bytes of {entry.name})"
+                break
+            size += batch_size
+            rows.extend(values)
         result.close()
         return QueryAnswer(columns, rows, cut)
 

@@ -3,8 +3,9 @@
 Sources, merged: ``<workspace>/.ivralo/permissions.json`` and ``<config home>/permissions.json``,
 each ``{"hosts": {"allow": ["api.example.com", "*.example.com", "127.0.0.1:8080"]}}``. A name
 matches exactly (case-insensitive); ``*.example.com`` matches any subdomain (not example.com
-itself); ``host:port`` limits an entry to one port. Everything else is unknown (asked about, or
-refused when nobody can answer).
+itself); ``host:port`` limits an entry to one port. Loopback is judged like any host; the keyword
+``loopback`` (or ``loopback:8080``) allows all of it at once: ``localhost``, ``*.localhost``,
+127.0.0.0/8 and ``::1``. Everything else is unknown (asked about, or refused when nobody can answer).
 
 The same entries set the kernel's TCP floor (Landlock, for subprocesses and native code, which the
 Python-level guard never sees): TCP connect only to the ports they name, 80 and 443 for an entry
@@ -18,6 +19,7 @@ grant list nobody wrote.
 from __future__ import annotations
 
 import fnmatch
+import ipaddress
 import json
 import os
 from collections.abc import Mapping
@@ -33,6 +35,18 @@ PERMISSIONS_FILE = "permissions.json"
 PORTS_OF_A_HOST_WITHOUT_PORT = (80, 443)
 
 
+LOOPBACK = "loopback"  # the allow-list keyword for every loopback name and address
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host.split("%", 1)[0]).is_loopback
+    except ValueError:
+        return False
+
+
 @dataclass(frozen=True)
 class AllowEntry:
     host: str  # lower-cased; may start with "*."
@@ -41,6 +55,8 @@ class AllowEntry:
     def matches(self, host: str, port: int | None) -> bool:
         if self.port is not None and port != self.port:
             return False
+        if self.host == LOOPBACK:
+            return is_loopback(host)
         if self.host.startswith("*."):
             return host.endswith(self.host[1:]) and host != self.host[2:]
         return fnmatch.fnmatchcase(host, self.host) if "*" in self.host else host == self.host
