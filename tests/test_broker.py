@@ -335,6 +335,6 @@ async def test_calls_per_execution_are_limited(workspace: Path, endpoint: Endpoi
     assert result.startswith(
         f"{CALLS_PER_EXECUTION} more than {CALLS_PER_EXECUTION} brokered calls from one execution; split the work\n"
     ), result
-    assert "(100 calls, " in result
+    assert f"({CALLS_PER_EXECUTION} calls, " in result  # the refused one is not on the record
     assert isinstance(again, str) and again.startswith("200\n")  # the next execution has its own budget
     assert len(endpoint.hits) == CALLS_PER_EXECUTION + 1
