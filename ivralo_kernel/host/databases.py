@@ -216,6 +216,8 @@ class Databases:
             detail = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
             if detail in ("interrupted", "canceling statement due to statement timeout"):
                 detail = f"the query ran longer than {entry.timeout_s:g} s (timeout_s of {name} in databases.json)"
+            elif entry.read_only and ("readonly" in detail or "read-only" in detail):
+                detail += f" ({name} is read_only in databases.json)"
             raise QueryRefused(self._vault.redact(f'database "{name}": {type(exc).__name__}: {detail}')) from None
 
     def _run(self, conn: Any, entry: DatabaseEntry, sql: str, params: Mapping[str, Any]) -> QueryAnswer:
