@@ -108,8 +108,12 @@ def test_doctor_reports_each_mechanism(capsys: pytest.CaptureFixture[str]) -> No
         "subreaper",
         "parent-death signal",
         "core dumps",
+        "credential broker",
     }
     for check in report["checks"]:  # a missing mechanism always comes with a next step
         assert check["status"] == "ok" or check["next_step"], check
     assert by_name["subreaper"]["status"] == by_name["parent-death signal"]["status"] == "ok"
+    assert "operations: credential set for none; not set for photos.search (IVRALO_UNSPLASH_ACCESS_KEY)" in (
+        by_name["credential broker"]["detail"]
+    )
     assert code == (0 if report["ok"] else 1)

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import tempfile
 from typing import Any
 
 from ivralo_kernel.host import Session
+from ivralo_kernel.host.broker import BrokerResponder
 from ivralo_kernel.protocol import names
 
 GIB = 1 << 30
@@ -102,6 +104,32 @@ def _checks(info: dict[str, Any]) -> list[dict[str, str]]:
     ]
 
 
+def _broker_check(workspace: str) -> dict[str, str]:
+    """What the host could answer here: operations and databases, and whether each credential is
+    set (names only). A malformed apis.json or databases.json is the failure."""
+    broker = BrokerResponder(workspace, trusted=False)
+    try:
+        parts = []
+        for kind, needs in (
+            ("operations", {name: op.credential for name, op in broker.operations.items()}),
+            ("databases", {name: db.url_env for name, db in broker.databases.entries.items()}),
+        ):
+            held = [f"{name} ({var})" for name, var in sorted(needs.items()) if broker.vault.get(var)]
+            missing = [f"{name} ({var})" for name, var in sorted(needs.items()) if not broker.vault.get(var)]
+            parts.append(
+                f"{len(needs)} {kind}: credential set for {', '.join(held) or 'none'}; "
+                f"not set for {', '.join(missing) or 'none'}"
+            )
+    finally:
+        broker.close()
+    return {
+        "mechanism": "credential broker",
+        "status": "missing" if broker.problems else "ok",
+        "detail": "the host makes calls that need a credential (ivralo.call, ivralo.sql); " + "; ".join(parts),
+        "next_step": "Fix: " + " | ".join(broker.problems) if broker.problems else "",
+    }
+
+
 async def _probe() -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="ivralo-doctor-") as workspace:
         async with Session(workspace=workspace) as session:
@@ -109,7 +137,7 @@ async def _probe() -> dict[str, Any]:
             info = dict(session.kernel_info.get(names.KERNEL_INFO_SECTION) or {})
     if not isinstance(result, str):
         return {"ok": False, "error": result["error"], "checks": []}
-    checks = _checks(info)
+    checks = [*_checks(info), _broker_check(os.getcwd())]
     return {"ok": all(c["status"] == "ok" for c in checks), "kernel": info, "checks": checks}
 
 
