@@ -39,12 +39,9 @@ import asyncio
 import json
 import os
 import secrets
-import shutil
-import signal
 import sqlite3
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -52,14 +49,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from deadline_precision import captured_lines, stderr_to
+from deadline_precision import captured_lines, run_captured_bench
 from startup_latency import (
     DEFAULT_RESULTS_DIR,
-    KERNEL_LOG,
     environment_info,
     isolate_jupyter,
     percentile,
-    reap_children,
+    record_header,
     summary,
     write_results,
 )
@@ -377,11 +373,7 @@ def run(args: argparse.Namespace, root: Path, log: Callable[[str], None], captur
     print("\n".join(lines))
     print(f"\nlast API cell's record line: {record_line}")
     record = {
-        "benchmark": "broker",
-        "started_at": started.isoformat(),
-        "duration_s": round(duration, 1),
-        "params": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-        "environment": {**env, "loadavg_before": load_before, "loadavg_after": load_after},
+        **record_header("broker", started, duration, args, env, (load_before, load_after)),
         "jupyter_folders": folders,
         "summary": report,
         "record_line": record_line,
@@ -392,32 +384,9 @@ def run(args: argparse.Namespace, root: Path, log: Callable[[str], None], captur
     return 1 if (args.strict and not report["target_overhead_p50"]["met"]) else 0
 
 
-def _exit_on_sigterm(signum: int, frame: object) -> None:
-    raise SystemExit(128 + signum)  # so that the finally blocks stop the worker and the endpoint
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    root = Path(tempfile.mkdtemp(prefix="ivralo-bench-broker-"))
-    captured = root / KERNEL_LOG
-    exit_code = 1
-    with stderr_to(captured) as terminal:
-
-        def log(message: str) -> None:
-            print(message, file=terminal, flush=True)
-
-        try:
-            exit_code = run(args, root, log, captured)
-        except BaseException:
-            tail = "\n".join(captured_lines(captured)[-40:])
-            log(f"--- end of the worker's and host's stderr ---\n{tail}")
-            raise
-        finally:
-            if reap_children(log):
-                exit_code = 1
-            shutil.rmtree(root, ignore_errors=True)
-    return exit_code
+    return run_captured_bench("ivralo-bench-broker-", lambda root, log, captured: run(args, root, log, captured))
 
 
 if __name__ == "__main__":

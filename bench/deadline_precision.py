@@ -37,10 +37,7 @@ import argparse
 import asyncio
 import contextlib
 import os
-import shutil
-import signal
 import sys
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -57,6 +54,8 @@ from startup_latency import (
     isolate_jupyter,
     percentile,
     reap_children,
+    record_header,
+    run_bench,
     write_results,
 )
 
@@ -376,11 +375,7 @@ def run(args: argparse.Namespace, root: Path, log: Callable[[str], None], captur
     )
     print("\n".join(lines))
     record = {
-        "benchmark": "deadline_precision",
-        "started_at": started.isoformat(),
-        "duration_s": round(duration, 1),
-        "params": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-        "environment": {**env, "loadavg_before": load_before, "loadavg_after": load_after},
+        **record_header("deadline_precision", started, duration, args, env, (load_before, load_after)),
         "jupyter_folders": folders,
         "summary": report,
         "samples": records,
@@ -392,10 +387,6 @@ def run(args: argparse.Namespace, root: Path, log: Callable[[str], None], captur
     )
     bad = any(c["bound_violations"] or c["first_unexpected_message"] is not None for c in report.values())
     return 1 if (args.strict and bad) else 0
-
-
-def _exit_on_sigterm(signum: int, frame: object) -> None:
-    raise SystemExit(128 + signum)  # so that the finally blocks stop the workers
 
 
 @contextlib.contextmanager
@@ -422,31 +413,47 @@ def captured_lines(path: Path) -> list[str]:
     return [line for line in path.read_text(errors="replace").splitlines() if KNOWN_KERNEL_NOISE not in line]
 
 
+def run_captured_bench(
+    prefix: str,
+    run: Callable[[Path, Callable[[str], None], Path], int],
+    on_failure: Callable[[Path, Callable[[str], None]], None] | None = None,
+) -> int:
+    """``run_bench`` for benches whose workers' and host's stderr is captured in the run's folder
+    (progress lines still reach the terminal); its tail is shown on a failure."""
+
+    def run_captured(root: Path) -> int:
+        captured = root / KERNEL_LOG
+        with stderr_to(captured) as terminal:
+
+            def log(message: str) -> None:
+                print(message, file=terminal, flush=True)
+
+            try:
+                exit_code = run(root, log, captured)
+            except BaseException:
+                tail = "\n".join(captured_lines(captured)[-40:])
+                log(f"--- end of the workers' and host's stderr ---\n{tail}")
+                if on_failure is not None:
+                    on_failure(root, log)
+                raise
+            finally:  # while the terminal is still ours; run_bench then finds nothing left
+                leftover = reap_children(log)
+            return 1 if leftover else exit_code
+
+    return run_bench(prefix, run_captured, on_failure=lambda root: None)
+
+
+def _show_worker_logs(root: Path, log: Callable[[str], None]) -> None:
+    for worker_log in sorted((root / "workspaces").glob("*/.ivralo/*.log")):
+        tail = "\n".join(worker_log.read_text(errors="replace").splitlines()[-20:])
+        log(f"--- end of {worker_log.relative_to(root)} ---\n{tail}")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    root = Path(tempfile.mkdtemp(prefix="ivralo-bench-deadline-"))
-    captured = root / KERNEL_LOG
-    exit_code = 1
-    with stderr_to(captured) as terminal:
-
-        def log(message: str) -> None:
-            print(message, file=terminal, flush=True)
-
-        try:
-            exit_code = run(args, root, log, captured)
-        except BaseException:
-            tail = "\n".join(captured_lines(captured)[-40:])
-            log(f"--- end of the workers' and host's stderr ---\n{tail}")
-            for worker_log in sorted((root / "workspaces").glob("*/.ivralo/*.log")):
-                tail = "\n".join(worker_log.read_text(errors="replace").splitlines()[-20:])
-                log(f"--- end of {worker_log.relative_to(root)} ---\n{tail}")
-            raise
-        finally:
-            if reap_children(log):
-                exit_code = 1
-            shutil.rmtree(root, ignore_errors=True)
-    return exit_code
+    return run_captured_bench(
+        "ivralo-bench-deadline-", lambda root, log, captured: run(args, root, log, captured), _show_worker_logs
+    )
 
 
 if __name__ == "__main__":

@@ -50,7 +50,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from startup_latency import write_results
+from startup_latency import record_header, write_results
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_DIR = BENCH_DIR.parent
@@ -344,11 +344,7 @@ def run(args: argparse.Namespace, root: Path, log: Callable[[str], None]) -> int
     for name, t in report["targets"].items():
         print(f"{name}: {t['value']:.3f} (target <= {t['target']}x: {'MET' if t['met'] else 'MISSED'})")
     record = {
-        "benchmark": "guard_overhead",
-        "started_at": started.isoformat(),
-        "duration_s": round(time.monotonic() - t_run, 1),
-        "params": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-        "environment": {**env, "loadavg_before": load_before, "loadavg_after": load_after},
+        **record_header("guard_overhead", started, time.monotonic() - t_run, args, env, (load_before, load_after)),
         "note": note,
         "summary": report,
         "samples": data["samples"],

@@ -28,10 +28,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
-import signal
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -48,10 +45,11 @@ from startup_latency import (
     await_reply,
     environment_info,
     isolate_jupyter,
-    log_kernel_output_tail,
+    log_to_stderr,
     pairs,
     percentile,
-    reap_children,
+    record_header,
+    run_bench,
     shutdown,
     write_results,
 )
@@ -280,11 +278,7 @@ def run(args: argparse.Namespace, root: Path, kernel_log: IO[bytes], log: Callab
     )
     print("\n".join(lines))
     record = {
-        "benchmark": "idle_rss",
-        "started_at": started.isoformat(),
-        "duration_s": round(duration, 1),
-        "params": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-        "environment": {**env, "loadavg_before": load_before, "loadavg_after": load_after},
+        **record_header("idle_rss", started, duration, args, env, (load_before, load_after)),
         "jupyter_folders": folders,
         "summary": report,
         "kernels": [{**k.info, "samples_bytes": k.samples} for k in kernels],
@@ -293,30 +287,14 @@ def run(args: argparse.Namespace, root: Path, kernel_log: IO[bytes], log: Callab
     return 0
 
 
-def _exit_on_sigterm(signum: int, frame: object) -> None:
-    raise SystemExit(128 + signum)  # so that the finally blocks shut the kernels down
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
 
-    def log(message: str) -> None:
-        print(message, file=sys.stderr, flush=True)
-
-    root = Path(tempfile.mkdtemp(prefix="ivralo-bench-rss-"))
-    exit_code = 1
-    try:
+    def run_logging_kernels(root: Path) -> int:
         with (root / KERNEL_LOG).open("wb") as kernel_log:
-            exit_code = run(args, root, kernel_log, log)
-    except BaseException:
-        log_kernel_output_tail(root, log)
-        raise
-    finally:
-        if reap_children(log):
-            exit_code = 1
-        shutil.rmtree(root, ignore_errors=True)
-    return exit_code
+            return run(args, root, kernel_log, log_to_stderr)
+
+    return run_bench("ivralo-bench-rss-", run_logging_kernels)
 
 
 if __name__ == "__main__":

@@ -33,12 +33,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
-import signal
 import socket
 import statistics
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -56,10 +53,11 @@ from startup_latency import (
     await_reply,
     environment_info,
     isolate_jupyter,
-    log_kernel_output_tail,
+    log_to_stderr,
     pairs,
     percentile,
-    reap_children,
+    record_header,
+    run_bench,
     shutdown,
     write_results,
 )
@@ -350,11 +348,7 @@ def run(args: argparse.Namespace, root: Path, kernel_log: IO[bytes], log: Callab
     )
     print("\n".join(lines))
     record = {
-        "benchmark": "network_guard",
-        "started_at": started.isoformat(),
-        "duration_s": round(time.monotonic() - t_run, 1),
-        "params": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-        "environment": {**env, "loadavg_before": load_before, "loadavg_after": load_after},
+        **record_header("network_guard", started, time.monotonic() - t_run, args, env, (load_before, load_after)),
         "jupyter_folders": folders,
         "hosts_allow": allowed,
         "server_accepted": accepted,
@@ -367,30 +361,14 @@ def run(args: argparse.Namespace, root: Path, kernel_log: IO[bytes], log: Callab
     return 1 if (args.strict and not summary["target_added_connect_p50"]["met"]) else 0
 
 
-def _exit_on_sigterm(signum: int, frame: object) -> None:
-    raise SystemExit(128 + signum)  # so that the finally blocks shut the kernels down
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
 
-    def log(message: str) -> None:
-        print(message, file=sys.stderr, flush=True)
-
-    root = Path(tempfile.mkdtemp(prefix="ivralo-bench-"))
-    exit_code = 1
-    try:
+    def run_logging_kernels(root: Path) -> int:
         with (root / KERNEL_LOG).open("wb") as kernel_log:
-            exit_code = run(args, root, kernel_log, log)
-    except BaseException:
-        log_kernel_output_tail(root, log)
-        raise
-    finally:
-        if reap_children(log):
-            exit_code = 1
-        shutil.rmtree(root, ignore_errors=True)
-    return exit_code
+            return run(args, root, kernel_log, log_to_stderr)
+
+    return run_bench("ivralo-bench-", run_logging_kernels)
 
 
 if __name__ == "__main__":

@@ -514,11 +514,7 @@ def run(args: argparse.Namespace, root: Path, log: Callable[[str], None]) -> int
     )
     print("\n".join(lines))
     record = {
-        "benchmark": "startup_latency",
-        "started_at": started.isoformat(),
-        "duration_s": round(time.monotonic() - t_run, 1),
-        "params": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-        "environment": {**env, "loadavg_before": load_before, "loadavg_after": load_after},
+        **record_header("startup_latency", started, time.monotonic() - t_run, args, env, (load_before, load_after)),
         "jupyter_folders": folders,
         "summary": report,
         "samples": {"start": starts, "roundtrip": rts},
@@ -526,6 +522,24 @@ def run(args: argparse.Namespace, root: Path, log: Callable[[str], None]) -> int
     write_results(args.results_dir, "startup_latency", started, record)
     missed = [name for name, t in report["targets"].items() if not t["met"]]
     return 1 if (args.strict and missed) else 0
+
+
+def record_header(
+    name: str,
+    started: datetime,
+    duration: float,
+    args: argparse.Namespace,
+    env: dict[str, Any],
+    loadavg: tuple[tuple[float, float, float], tuple[float, float, float]],
+) -> dict[str, Any]:
+    """The first keys of every bench's JSON record: what ran, when, how, and on what machine."""
+    return {
+        "benchmark": name,
+        "started_at": started.isoformat(),
+        "duration_s": round(duration, 1),
+        "params": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "environment": {**env, "loadavg_before": loadavg[0], "loadavg_after": loadavg[1]},
+    }
 
 
 def write_results(results_dir: Path, name: str, started: datetime, record: dict[str, Any]) -> Path:
@@ -551,25 +565,37 @@ def _exit_on_sigterm(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)  # so that the finally blocks shut the kernels down
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def log_to_stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def run_bench(
+    prefix: str,
+    run: Callable[[Path], int],
+    log: Callable[[str], None] = log_to_stderr,
+    on_failure: Callable[[Path], None] | None = None,
+) -> int:
+    """Every bench's frame: a private folder, SIGTERM turned into an exit (so that the finally
+    blocks shut the kernels down), the kernels' output tail on a failure, then every child reaped
+    (a leftover fails the run) and the folder removed."""
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
-
-    def log(message: str) -> None:
-        print(message, file=sys.stderr, flush=True)
-
-    root = Path(tempfile.mkdtemp(prefix="ivralo-bench-"))
+    root = Path(tempfile.mkdtemp(prefix=prefix))
     exit_code = 1
     try:
-        exit_code = run(args, root, log)
+        exit_code = run(root)
     except BaseException:
-        log_kernel_output_tail(root, log)
+        (on_failure or (lambda folder: log_kernel_output_tail(folder, log)))(root)
         raise
     finally:
         if reap_children(log):
             exit_code = 1
         shutil.rmtree(root, ignore_errors=True)
     return exit_code
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    return run_bench("ivralo-bench-", lambda root: run(args, root, log_to_stderr))
 
 
 if __name__ == "__main__":

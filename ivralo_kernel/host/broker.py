@@ -24,7 +24,6 @@ from ivralo_kernel.host.egress import Asker, EgressDesk, valid_target
 from ivralo_kernel.host.operations import OperationError, load_operations, perform
 from ivralo_kernel.host.vault import CredentialVault
 from ivralo_kernel.protocol import names
-from ivralo_kernel.protocol.credentials import database_env_names
 
 Reply = Callable[[dict[str, Any]], None]
 Pause = Callable[[bool], None]
@@ -60,7 +59,8 @@ class BrokerResponder:
         self.problems = problems + db_problems
         for problem in self.problems:
             log.warning("ivralo broker: %s", problem)
-        self.vault = CredentialVault(workspace, env, database_env_names(workspace, env)[0])
+        # A database's URL variable is a credential even when its name does not say so.
+        self.vault = CredentialVault(workspace, env, [entry.url_env for entry in databases.values()])
         self.databases = Databases(databases, self.vault)
         self._counts: dict[str, int] = {}
         self._calls: dict[str, int] = {}

@@ -26,15 +26,13 @@ import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import sqlalchemy
 from sqlalchemy.engine import Engine
 
 from ivralo_kernel.host.vault import CredentialVault
-from ivralo_kernel.protocol import names
-from ivralo_kernel.protocol.credentials import config_home
+from ivralo_kernel.protocol.credentials import database_entries
 
 DEFAULT_MAX_ROWS = 100_000
 DEFAULT_MAX_BYTES = 64 << 20
@@ -67,28 +65,13 @@ class QueryAnswer:
 
 
 def load_databases(workspace: str, env: Mapping[str, str]) -> tuple[dict[str, DatabaseEntry], list[str]]:
+    specs, problems = database_entries(workspace, env)
     found: dict[str, DatabaseEntry] = {}
-    problems: list[str] = []
-    # The config home first, so that the workspace's entry of the same name wins (closer is newer).
-    for path in (config_home(env) / names.DATABASES_FILE, Path(workspace) / names.DATABASES_FILE):
+    for spec in specs:  # the config home's first: the workspace's entry of the same name wins
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            continue
-        except (OSError, ValueError) as exc:
-            problems.append(f"{path}: cannot be read as JSON ({exc})")
-            continue
-        if isinstance(data, dict) and isinstance(data.get("databases"), dict):
-            data = data["databases"]
-        if not isinstance(data, dict):
-            problems.append(f"{path}: expected an object mapping database names to their URL variable")
-            continue
-        for db_name, entry in data.items():
-            spec = {"url_env": entry} if isinstance(entry, str) else entry
-            try:
-                found[db_name] = _entry(db_name, spec)
-            except (ValueError, TypeError) as exc:
-                problems.append(f'{path}: database "{db_name}": {exc}')
+            found[spec.name] = _entry(spec.name, spec.spec)
+        except (ValueError, TypeError) as exc:
+            problems.append(f'{spec.path}: database "{spec.name}": {exc}')
     return found, problems
 
 

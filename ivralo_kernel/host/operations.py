@@ -22,6 +22,7 @@ from urllib.parse import quote
 
 import httpx
 
+from ivralo_kernel.protocol.config_files import read_json_file
 from ivralo_kernel.protocol.credentials import config_home
 
 APIS_FILE = "apis.json"
@@ -126,7 +127,6 @@ class Operation:
         url = _PLACEHOLDER.sub(lambda m: quote(str(params[m.group(1)]), safe=""), self.url)
         rest = {k: v for k, v in params.items() if k not in in_url}
         headers = {"User-Agent": "ivralo-kernel broker"}
-        query: dict[str, Any] = {}
         secret = self.auth_format.replace("{credential}", credential)
         if self.auth_kind == "bearer":
             headers["Authorization"] = f"Bearer {credential}"
@@ -135,7 +135,7 @@ class Operation:
         if self.body == "json":
             request = httpx.Request(self.method, url, headers=headers, json=rest)
         else:
-            query.update({k: _query_value(v) for k, v in rest.items()})
+            query = {k: _query_value(v) for k, v in rest.items()}
             request = httpx.Request(self.method, url, headers=headers, params=query)
         if self.auth_kind == "query":
             request.url = request.url.copy_merge_params({self.auth_name: secret})
@@ -215,12 +215,11 @@ def load_operations(
     operations = {name: parse_operation(name, spec, "built-in") for name, spec in BUILTIN.items()}
     problems: list[str] = []
     for path in (config_home(env) / APIS_FILE, *map(Path, extra_files)):
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
+        text, data, problem = read_json_file(path)
+        if problem is not None:
+            problems.append(problem)
             continue
-        except (OSError, ValueError) as exc:
-            problems.append(f"{path}: cannot be read as JSON ({exc})")
+        if text is None:
             continue
         specs = data.get("operations") if isinstance(data, dict) else None
         if not isinstance(specs, dict):

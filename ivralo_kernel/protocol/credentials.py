@@ -9,15 +9,29 @@ is named by a ``databases.json``. Matching ignores case, because ``api_key`` is 
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ivralo_kernel.protocol import names
+from ivralo_kernel.protocol.config_files import read_json_file
 
 SECRET_SUFFIXES = ("_KEY", "_TOKEN", "_SECRET")
 SECRET_PARTS = ("PASSWORD", "SECRET", "WEBHOOK")
+
+
+@dataclass(frozen=True)
+class DatabaseSpec:
+    path: Path  # the databases.json it came from
+    name: str
+    spec: Any  # {"url_env": ..., options} as written (not yet checked)
+
+    @property
+    def url_env(self) -> str | None:
+        var = self.spec.get("url_env", self.spec.get("env")) if isinstance(self.spec, dict) else None
+        return var if isinstance(var, str) and var else None
 
 
 def is_secret_name(name: str, extra_names: Iterable[str] = ()) -> bool:
@@ -50,27 +64,23 @@ def config_home(env: Mapping[str, str]) -> Path:
     return Path(xdg) / "ivralo"
 
 
-def database_env_names(workspace: str | os.PathLike[str], env: Mapping[str, str]) -> tuple[set[str], list[str]]:
-    """Names of the variables that ``databases.json`` (workspace, then config home) say hold a URL.
+def database_entries(workspace: str | os.PathLike[str], env: Mapping[str, str]) -> tuple[list[DatabaseSpec], list[str]]:
+    """Every entry of ``databases.json``: the config home's first, then the workspace's (so that a
+    later entry of the same name, the closer one, wins where names matter).
 
-    Accepted shapes, per database: ``"name": "ENV_VAR"`` or ``"name": {"url_env": "ENV_VAR", ...}``,
-    either at the top level or under a ``"databases"`` key. Returns (names, problems); a problem is
-    a sentence naming the file, so a malformed file is reported instead of silently ignored.
+    Accepted shapes, per database: ``"name": "ENV_VAR"`` (given here as ``{"url_env": "ENV_VAR"}``) or
+    ``"name": {"url_env": "ENV_VAR", ...}``, either at the top level or under a ``"databases"`` key.
+    Returns (entries, problems); a problem is a sentence naming the file, so a malformed file is
+    reported instead of silently ignored.
     """
-    found: set[str] = set()
+    found: list[DatabaseSpec] = []
     problems: list[str] = []
-    for path in (Path(workspace) / names.DATABASES_FILE, config_home(env) / names.DATABASES_FILE):
-        try:
-            text = path.read_text(encoding="utf-8")
-        except FileNotFoundError:
+    for path in (config_home(env) / names.DATABASES_FILE, Path(workspace) / names.DATABASES_FILE):
+        _, data, problem = read_json_file(path)
+        if problem is not None:
+            problems.append(problem)
             continue
-        except OSError as exc:
-            problems.append(f"{path}: cannot be read ({exc.strerror})")
-            continue
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            problems.append(f"{path}: line {exc.lineno}: not valid JSON ({exc.msg})")
+        if data is None:
             continue
         if isinstance(data, dict) and isinstance(data.get("databases"), dict):
             data = data["databases"]
@@ -78,10 +88,18 @@ def database_env_names(workspace: str | os.PathLike[str], env: Mapping[str, str]
             problems.append(f"{path}: expected an object mapping database names to their URL variable")
             continue
         for db_name, entry in data.items():
-            if isinstance(entry, str):
-                found.add(entry)
-            elif isinstance(entry, dict) and isinstance(var := entry.get("url_env", entry.get("env")), str):
-                found.add(var)
-            else:
-                problems.append(f'{path}: database "{db_name}": give the variable holding its URL as "url_env"')
+            found.append(DatabaseSpec(path, db_name, {"url_env": entry} if isinstance(entry, str) else entry))
+    return found, problems
+
+
+def database_env_names(workspace: str | os.PathLike[str], env: Mapping[str, str]) -> tuple[set[str], list[str]]:
+    """Names of the variables that ``databases.json`` (config home and workspace) say hold a URL."""
+    entries, problems = database_entries(workspace, env)
+    found: set[str] = set()
+    for entry in entries:
+        var = entry.url_env
+        if var is None:
+            problems.append(f'{entry.path}: database "{entry.name}": give the variable holding its URL as "url_env"')
+        else:
+            found.add(var)
     return found, problems

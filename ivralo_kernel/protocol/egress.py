@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ivralo_kernel.protocol import names
+from ivralo_kernel.protocol.config_files import read_json_file
 from ivralo_kernel.protocol.credentials import config_home
 
 PERMISSIONS_FILE = "permissions.json"
@@ -110,16 +111,11 @@ def _line_of(text: str, needle: str) -> int:
 
 def read_permissions(path: Path) -> tuple[list[AllowEntry], list[str]]:
     """Entries and problems (each naming the file, the line and the field) from one file."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
+    text, data, problem = read_json_file(path)
+    if problem is not None:
+        return [], [problem]
+    if text is None:
         return [], []
-    except OSError as exc:
-        return [], [f"{path}: cannot be read ({exc.strerror})"]
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        return [], [f"{path}: line {exc.lineno}: not valid JSON ({exc.msg})"]
     hosts = data.get("hosts", {}) if isinstance(data, dict) else None
     if not isinstance(hosts, dict):
         return [], [f'{path}: line 1: field "hosts" must be an object like {{"allow": ["api.example.com"]}}']
