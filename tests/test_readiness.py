@@ -36,7 +36,7 @@ async def test_bootstrap_timeout_kills_and_explains(
     error = result["error"]
     assert error.startswith("ivralo worker pid=") and "did not become ready within 2000 ms" in error
     assert "no ivralo kernel_info_reply within the bootstrap budget" in error
-    assert "(stalled)" in error, "sleeping in a startup file is a stall, not starvation"
+    assert "(stalled)" in error, f"sleeping in a startup file is a stall, not starvation: {error}"
     assert "last stage: guards installed" in error
     assert "stderr tail: [IPKernelApp]" in error, "the kernel's own stderr is quoted (user output goes to IOPub)"
     log = (workspace / ".ivralo" / "python-worker.log").read_text()

@@ -69,6 +69,9 @@ def sample_tree(root_pid: int, clock: Callable[[], float] = time.monotonic) -> S
     return Sample(clock(), cpu, rss, len(procs), state, _wchan(main.pid), threads)
 
 
+BOOT_FLAT_WINDOW_S = 0.5
+
+
 class Observer:
     def __init__(
         self,
@@ -123,7 +126,9 @@ class Observer:
         if len(self.samples) < 2:
             return "no sample of the process was taken"
         first, last = self.samples[0], self.samples[-1]
-        recent = [s for s in self.samples if last.at - s.at <= 1.0]
+        # Half a second of no CPU at all is a stall: a starved process gets some within that on
+        # any machine; a full second would call a slow import followed by a sleep "starved".
+        recent = [s for s in self.samples if last.at - s.at <= BOOT_FLAT_WINDOW_S]
         flat = len(recent) >= 2 and recent[-1].cpu_s - recent[0].cpu_s <= 0.01
         if flat:
             return f"cpu flat since last samples, state={last.state} wchan={last.wchan} (stalled)"
