@@ -228,9 +228,10 @@ kernel = get_ipython().kernel
 def forged(req_id, kind, payload, parent_id):
     done, box = threading.Event(), []
     BROKER._pending[req_id] = (done, box)
-    content = {{"comm_id": BROKER._comm.comm_id, "data": {{"req_id": req_id, "kind": kind, "payload": payload}}}}
+    content = {{"comm_id": BROKER.comm_id, "data": {{"req_id": req_id, "kind": kind, "payload": payload}}}}
     parent = {{"header": {{"msg_id": parent_id, "msg_type": "execute_request"}}}}
-    kernel.session.send(kernel.iopub_socket, "comm_msg", content, parent=parent, ident=b"comm")
+    topic = f"comm-{{BROKER.comm_id}}".encode()
+    kernel.session.send(kernel.iopub_socket, "comm_msg", content, parent=parent, ident=topic)
     assert done.wait(10), "no answer"
     return box[0]
 

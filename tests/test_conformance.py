@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import jupyter_kernel_test
+import pytest
+from jupyter_client.manager import KernelManager
 
 
 class IvraloConformance(jupyter_kernel_test.KernelTests):
@@ -30,3 +32,29 @@ class IvraloConformance(jupyter_kernel_test.KernelTests):
     supported_history_operations = ("tail", "search")
     code_inspect_sample = "zip"
     code_clear_output = "from IPython.display import clear_output; clear_output()"
+
+
+class IvraloIopubWelcome(jupyter_kernel_test.IopubWelcomeTests):
+    """The client's first IOPub message is its own ``iopub_welcome``, though the host's watchdog
+    subscribed before it (the kernel's XPUB reports every subscriber)."""
+
+    kernel_name = "ivralo"
+    support_iopub_welcome = True
+
+
+@pytest.mark.slow
+def test_every_fresh_kernel_welcomes_its_client_first() -> None:
+    """20 kernels in a row: the watchdog subscribes first each time, and the client still gets its
+    own welcome as its first IOPub message (jupyter_kernel_test's check, repeated)."""
+    for run in range(20):
+        km = KernelManager(kernel_name="ivralo")
+        km.start_kernel()
+        kc = km.client()
+        try:
+            kc.start_channels()
+            first = kc.get_iopub_msg(timeout=30)
+            assert first["header"]["msg_type"] == "iopub_welcome", f"run {run}: {first['header']['msg_type']}"
+            assert first["content"]["subscription"] == "", f"run {run}: {first['content']}"
+        finally:
+            kc.stop_channels()
+            km.shutdown_kernel(now=True)

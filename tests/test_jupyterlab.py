@@ -156,9 +156,7 @@ def test_the_person_is_asked_about_an_unknown_host(page: Any, lab: dict[str, Any
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
     port = int(httpd.server_address[1])
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    # The TCP floor admits ports of hosts allowed at start; localhost itself stays unknown.
-    (lab["nbdir"] / ".ivralo").mkdir(exist_ok=True)
-    (lab["nbdir"] / ".ivralo" / "permissions.json").write_text(json.dumps({"hosts": {"allow": [f"127.0.0.9:{port}"]}}))
+    # Nothing is allowed in advance: a fresh folder, as a newcomer has it.
     try:
         display = "Python (ivralo, 2 s deadline)"
         open_notebook(page, lab, "ask.ipynb", "ivralo-lab-deadline", display)

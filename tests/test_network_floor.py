@@ -1,10 +1,8 @@
-"""The Landlock TCP floor, on loopback only: a subprocess (curl) or a ctypes ``connect()`` from a cell
-reaches only the ports of the allowed hosts; nothing allowed means no TCP connect; the knob turns it
-off; a host allowed at run time on another port gets a PermissionError that says why; what the floor
-does not cover (a host not allowed on an allowed port, UDP) behaves as documented.
-
-Servers: 127.0.0.1 and 127.0.0.2 on port ``allowed`` (only "127.0.0.1:<allowed>" is listed), and
-127.0.0.1 on port ``other``.
+"""The Landlock TCP floor (off by default; these tests ask for it), on loopback only: a subprocess
+(curl) or a ctypes ``connect()`` from a cell reaches only the ports of the allowed hosts; nothing
+allowed means no TCP connect; by default there is no floor; a host allowed at run time on another
+port gets a PermissionError that says why; what the floor does not cover (a host not allowed on an
+allowed port, UDP) behaves as documented.
 """
 
 from __future__ import annotations
@@ -26,6 +24,7 @@ from ivralo_kernel.host.provisioner import IvraloProvisioner
 from ivralo_kernel.protocol import ConfigError, KernelPolicy, names
 
 ABI = abi()
+FLOOR = WorkerConfig(landlock_network=True)
 needs_floor = pytest.mark.skipif(ABI < 4, reason=f"the TCP floor needs Landlock ABI >= 4 (this kernel has ABI {ABI})")
 
 # Runs in the cell: curl each URL (no proxy: loopback only), print one JSON line
@@ -111,7 +110,7 @@ def answered_by(outcome: tuple[int, str, str]) -> str:
 async def test_curl_reaches_only_the_ports_of_allowed_hosts(workspace: Path, ports: Ports) -> None:
     allow(workspace, f"127.0.0.1:{ports.allowed}")
     allowed, other = f"http://127.0.0.1:{ports.allowed}/", f"http://127.0.0.1:{ports.other}/"
-    async with Session(workspace=workspace) as session:
+    async with Session(workspace=workspace, config=FLOOR) as session:
         assert await floor_layer(session) == f"ports {ports.allowed}"
         runs = await curl(session, allowed, other)
     assert answered_by(runs[allowed]) == f"answered by 127.0.0.1:{ports.allowed}"
@@ -121,7 +120,7 @@ async def test_curl_reaches_only_the_ports_of_allowed_hosts(workspace: Path, por
 @needs_floor
 async def test_ctypes_connect_outside_the_floor_is_refused_by_the_os(workspace: Path, ports: Ports) -> None:
     allow(workspace, f"127.0.0.1:{ports.allowed}")
-    async with Session(workspace=workspace) as session:
+    async with Session(workspace=workspace, config=FLOOR) as session:
         result = await session.run(RAW_CONNECT.format(ports=[ports.allowed, ports.other]))
     outcomes = first_json_line(result)
     assert outcomes == {str(ports.allowed): "connected", str(ports.other): "PermissionError 13"}
@@ -130,7 +129,7 @@ async def test_ctypes_connect_outside_the_floor_is_refused_by_the_os(workspace: 
 @needs_floor
 async def test_nothing_allowed_means_no_tcp_connect(workspace: Path, ports: Ports) -> None:
     url = f"http://127.0.0.1:{ports.allowed}/"
-    async with Session(workspace=workspace) as session:
+    async with Session(workspace=workspace, config=FLOOR) as session:
         assert await floor_layer(session) == "no TCP connect"
         runs = await curl(session, url)
     assert refused_by_floor(runs[url]), runs[url]
@@ -139,7 +138,7 @@ async def test_nothing_allowed_means_no_tcp_connect(workspace: Path, ports: Port
 @needs_floor
 async def test_a_host_without_a_port_opens_80_and_443(workspace: Path) -> None:
     allow(workspace, "api.example.com", "*.example.org", "127.0.0.1:8080")
-    async with Session(workspace=workspace) as session:
+    async with Session(workspace=workspace, config=FLOOR) as session:
         assert await floor_layer(session) == "ports 80, 443, 8080"
 
 
@@ -147,16 +146,16 @@ async def test_a_host_without_a_port_opens_80_and_443(workspace: Path) -> None:
 async def test_a_malformed_permissions_file_opens_no_port(workspace: Path) -> None:
     (workspace / ".ivralo").mkdir()
     (workspace / ".ivralo" / "permissions.json").write_text('{"hosts": {"allow": "127.0.0.1:8080"}}')
-    async with Session(workspace=workspace) as session:
+    async with Session(workspace=workspace, config=FLOOR) as session:
         assert await floor_layer(session) == "no TCP connect"
 
 
 @needs_floor
-async def test_the_knob_turns_the_floor_off(workspace: Path, ports: Ports) -> None:
+async def test_the_floor_is_off_by_default(workspace: Path, ports: Ports) -> None:
     allow(workspace, f"127.0.0.1:{ports.allowed}")
     other = f"http://127.0.0.1:{ports.other}/"
-    async with Session(workspace=workspace, config=WorkerConfig(landlock_network=False)) as session:
-        assert await floor_layer(session) == "off (turned off by the host's settings)"
+    async with Session(workspace=workspace) as session:
+        assert await floor_layer(session) == "off (the default; landlock_network turns it on)"
         runs = await curl(session, other)
     assert answered_by(runs[other]) == f"answered by 127.0.0.1:{ports.other}"
 
@@ -173,7 +172,7 @@ async def test_a_host_allowed_at_run_time_on_another_port_is_told_why(workspace:
         f"try:\n    socket.create_connection(('localhost', {ports.other}), timeout=5)\n"
         "except OSError as exc:\n    print(type(exc).__name__, exc.errno, exc.strerror)\n"
     )
-    async with Session(workspace=workspace, ask=yes) as session:
+    async with Session(workspace=workspace, config=FLOOR, ask=yes) as session:
         result = await session.run(code)
     assert isinstance(result, str), result
     assert result.startswith(
@@ -199,7 +198,7 @@ async def test_what_the_floor_does_not_cover(workspace: Path, ports: Ports) -> N
             "subprocess.run([sys.executable, '-c', \"import socket; socket.socket(socket.AF_INET, "
             f"socket.SOCK_DGRAM).sendto(b'past the floor', ('127.0.0.1', {udp.getsockname()[1]}))\"], check=True)"
         )
-        async with Session(workspace=workspace) as session:
+        async with Session(workspace=workspace, config=FLOOR) as session:
             runs = await curl(session, other_host)
             sent = await session.run(send_udp)
         assert isinstance(sent, str), sent
@@ -209,10 +208,11 @@ async def test_what_the_floor_does_not_cover(workspace: Path, ports: Ports) -> N
 
 
 def test_the_knob_reaches_the_policy_and_follows_the_write_floor() -> None:
-    assert IvraloProvisioner().policy_for("/w").landlock_network is True
-    assert IvraloProvisioner(landlock_network=False).policy_for("/w").landlock_network is False
-    assert IvraloProvisioner(landlock=False).policy_for("/w").landlock_network is False  # one Landlock layer
-    assert KernelPolicy.from_env({"IVRALO_LANDLOCK_NETWORK": "off"}, "/w").landlock_network is False
+    assert IvraloProvisioner().policy_for("/w").landlock_network is False
+    assert IvraloProvisioner(landlock_network=True).policy_for("/w").landlock_network is True
+    assert IvraloProvisioner(landlock=False, landlock_network=True).policy_for("/w").landlock_network is False
+    assert KernelPolicy.from_env({}, "/w").landlock_network is False
+    assert KernelPolicy.from_env({"IVRALO_LANDLOCK_NETWORK": "on"}, "/w").landlock_network is True
     with pytest.raises(ConfigError, match="landlock_network: 'no' is not True or False"):
         WorkerConfig(landlock_network="no")  # type: ignore[arg-type]
 

@@ -25,6 +25,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from ivralo_kernel.guards.local_links import LocalLinks
 from ivralo_kernel.protocol.egress import PORTS_OF_A_HOST_WITHOUT_PORT
 
 Judge = Callable[[str, "int | None"], "tuple[bool, str]"]
@@ -54,8 +55,9 @@ def _host(value: Any) -> str | None:
 
 
 class NetworkGuard:
-    def __init__(self, judge: Judge, tcp_floor: tuple[int, ...] | None = None) -> None:
+    def __init__(self, judge: Judge, tcp_floor: tuple[int, ...] | None = None, local: LocalLinks | None = None) -> None:
         self._judge = judge
+        self.local = local  # the kernel's own loopback links are not judged (see local_links)
         self.tcp_floor = tcp_floor  # ports the OS lets this kernel connect to; None: no floor
         self.starting = True
         self._decisions: dict[tuple[str, int | None], tuple[bool, str]] = {}
@@ -104,6 +106,8 @@ class NetworkGuard:
         raise PermissionError(errno.EACCES, floor_refusal(host, port, floor))
 
     def _decide(self, host: str, port: int | None) -> None:
+        if self.local is not None and self.local.own(host, port):
+            return  # the kernel talking to itself (a forked child, the debugger, a local cluster)
         key = (host, port)
         decision = self._decisions.get(key)
         if decision is None:
@@ -171,9 +175,12 @@ def floor_refusal(host: str, port: int, floor: tuple[int, ...]) -> str:
     )
 
 
-def install_network_guard(judge: Judge, tcp_floor: tuple[int, ...] | None = None) -> NetworkGuard:
-    """``tcp_floor``: the ports the Landlock TCP floor allows, when one is in force."""
-    guard = NetworkGuard(judge, tcp_floor)
+def install_network_guard(
+    judge: Judge, tcp_floor: tuple[int, ...] | None = None, tree_root: int | None = None
+) -> NetworkGuard:
+    """``tcp_floor``: the ports the Landlock TCP floor allows, when one is in force. ``tree_root``: the
+    process whose tree is the kernel's own (its supervisor); loopback ports it listens on are not judged."""
+    guard = NetworkGuard(judge, tcp_floor, LocalLinks(tree_root) if tree_root else None)
     sys.addaudithook(guard)
     return guard
 

@@ -32,7 +32,8 @@ class WorkerConfig:
     observer_poll_ms: int = 500
     stall_window_ms: int = 5_000
     # The Landlock TCP floor: subprocesses and native code connect only to the allowed hosts' ports.
-    landlock_network: bool = True
+    # Off by default: it also refuses the kernel's own loopback links (debugger, forked children).
+    landlock_network: bool = False
 
     def __post_init__(self) -> None:
         for f in fields(self):

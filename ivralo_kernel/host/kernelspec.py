@@ -30,12 +30,14 @@ def kernel_spec_dict(
         "argv": kernel_argv(python),
         "display_name": display_name,
         "language": "python",
-        # jupyter_client signals the process group; the supervisor ignores SIGINT, the kernel gets it.
+        # jupyter_client signals the supervisor's group, VS Code its pid: it passes SIGINT on, once.
         "interrupt_mode": "signal",
         "env": dict(env or {}),
         "kernel_protocol_version": "5.5",
         "metadata": {
-            "debugger": False,
+            # JupyterLab shows its debugger, and VS Code its Debug Cell and Run by Line, for kernels
+            # that say so; the kernel's own loopback links (debugpy's) are not judged by its guards.
+            "debugger": True,
             "kernel_provisioner": {
                 "provisioner_name": names.PROVISIONER_NAME,
                 "config": dict(provisioner_config or {}),

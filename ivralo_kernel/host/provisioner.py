@@ -16,6 +16,7 @@ import signal
 import stat
 import tempfile
 import time
+import uuid
 from typing import Any
 
 import psutil
@@ -57,12 +58,14 @@ class IvraloProvisioner(LocalProvisioner):  # type: ignore[misc]
         "from any process of the kernel's tree. Off only to diagnose.",
     )
     landlock_network = Bool(
-        True,
+        False,
         config=True,
         help="Apply the Landlock TCP floor too (Linux >= 6.7, Landlock ABI 4): any process of the kernel's "
         "tree (curl, pip, ctypes) may open TCP connections only to the ports of the hosts in hosts.allow "
         "(80 and 443 for a host listed without a port; none when none is listed). Fixed when the kernel "
-        "starts: a host allowed later on another port needs a restart. Off when landlock is off.",
+        "starts: a host allowed later on another port needs a restart. Off by default: the floor knows "
+        "ports, not addresses, so it also refuses the kernel's own loopback links, whose ports are picked "
+        "at run time (a forked child's output, the debugger, a local cluster). Off when landlock is off.",
     )
     deadline_ms = Int(
         0,
@@ -100,6 +103,7 @@ class IvraloProvisioner(LocalProvisioner):  # type: ignore[misc]
     )
 
     policy_file: str | None = None
+    broker_comm_id: str | None = None  # this kernel's broker comm (kept by a replacement kernel)
     session_grants: frozenset[str] | None = None  # an agent Session's grants replace the configured ones
     watchdog: Watchdog | None = None
     replacements = 0  # kernels replaced after a kill, over this provisioner's life
@@ -164,6 +168,8 @@ class IvraloProvisioner(LocalProvisioner):  # type: ignore[misc]
         )
         if previous is not None:
             previous.close()
+        self.broker_comm_id = uuid.uuid4().hex
+        env[names.ENV_BROKER_COMM] = self.broker_comm_id
         env[names.ENV_POLICY_FILE] = self.policy_file
         env[names.ENV_WORKSPACE] = policy.workspace
         kwargs["env"] = env
@@ -202,6 +208,7 @@ class IvraloProvisioner(LocalProvisioner):  # type: ignore[misc]
             exit_status=process.poll,
             on_loss=self._after_loss,
             broker=self.broker,
+            comm_id=self.broker_comm_id,
         )
         self.watchdog.start()
 
@@ -256,7 +263,10 @@ class IvraloProvisioner(LocalProvisioner):  # type: ignore[misc]
                 process.kill()
 
     async def kill(self, restart: bool = False) -> None:
-        await asyncio.get_running_loop().run_in_executor(None, self.kill_tree_now)
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, self.kill_tree_now)
+        except RuntimeError:  # "cannot schedule new futures after interpreter shutdown": an atexit hook
+            self.kill_tree_now()
 
     async def terminate(self, restart: bool = False) -> None:
         """Graceful stop: SIGTERM to the supervisor, which forwards it and then ends the tree."""

@@ -6,8 +6,11 @@ console) the host's event loop only runs inside client calls. It has its own jup
 client (a browser tab, an agent) and never steals another client's replies.
 
 Executions are tracked from IOPub ``status`` busy/idle whose parent is an ``execute_request``,
-keyed by the parent ``msg_id``. IOPub can drop messages under an output flood, so before killing,
-the watchdog asks the kernel over control whether the execution is still running.
+keyed by the parent ``msg_id``. The ivralo kernel's IOPub reports every subscriber (``XPUB_VERBOSE``),
+so each subscriber, ours and each client's, gets its own ``iopub_welcome``; ours is the proof that
+our subscription is live, after which we say hello to the kernel's broker. IOPub can drop messages
+under an output flood, so before killing, the watchdog asks the kernel over control whether the
+execution is still running.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from ivralo_kernel.host.observer import Observer, human_bytes
 from ivralo_kernel.protocol import names
 
 CONTROL_ANSWER_S = 0.1  # how long the kernel has to act on a deadline notice itself
+HELLO_RETRY_S = 0.5  # the broker hello is sent again until the kernel answers it
 REPLY_MARGIN_S = 0.05  # how much longer its answer may take to reach us
 KEEP_OUTCOMES = 64
 
@@ -70,6 +74,7 @@ class Watchdog:
         exit_status: Callable[[], int | None] | None = None,
         on_loss: Callable[[Loss], None] | None = None,
         broker: BrokerResponder | None = None,
+        comm_id: str | None = None,
     ) -> None:
         self.settings = settings
         self.root_pid = root_pid
@@ -80,7 +85,9 @@ class Watchdog:
         self.running: OrderedDict[str, dict[str, Any]] = OrderedDict()  # msg_id -> request header
         self._requesters: dict[str, tuple[bytes, ...]] = {}
         self.broker = broker
-        self.comm_id = uuid.uuid4().hex
+        self.comm_id = comm_id or uuid.uuid4().hex  # the kernel got it at launch (IVRALO_BROKER_COMM)
+        self.broker_ready = threading.Event()  # the kernel answered our hello: requests flow both ways
+        self._hello: tuple[str, float] | None = None  # the hello in flight, and when to send it again
         self._outbox: queue.SimpleQueue[tuple[str, dict[str, Any]]] = queue.SimpleQueue()
         # Answers come from other threads (a brokered call, a person); a byte here wakes the poll at once.
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -140,18 +147,12 @@ class Watchdog:
     def _run(self) -> None:
         context = zmq.Context()
         iopub = context.socket(zmq.SUB)
+        # Everything, as a client does: a welcome for another topic would reach the clients too.
         iopub.setsockopt(zmq.SUBSCRIBE, b"")
         iopub.connect(self._url("iopub"))
         control = context.socket(zmq.DEALER)
         control.setsockopt(zmq.IDENTITY, self._session.bsession)
         control.connect(self._url("control"))
-        shell = context.socket(zmq.DEALER)
-        shell.setsockopt(zmq.IDENTITY, self._session.bsession)
-        shell.connect(self._url("shell"))
-        if self.broker is not None:  # the host opens the broker comm; ZMQ queues it until the kernel is up
-            self._session.send(
-                shell, "comm_open", {"comm_id": self.comm_id, "target_name": names.COMM_TARGET, "data": {}}
-            )
         poller = zmq.Poller()
         poller.register(iopub, zmq.POLLIN)
         poller.register(control, zmq.POLLIN)
@@ -170,6 +171,7 @@ class Watchdog:
                 if self._wake_r in events:
                     with contextlib.suppress(BlockingIOError):
                         os.read(self._wake_r, 4096)
+                self._say_hello(control)
                 while not self._outbox.empty():
                     req_id, answer = self._outbox.get()
                     self._send(control, names.MSG_BROKER_REPLY, {"req_id": req_id, "answer": answer})
@@ -184,7 +186,6 @@ class Watchdog:
         finally:
             iopub.close(linger=0)
             control.close(linger=0)
-            shell.close(linger=0)
             context.term()
             with self._wake_lock:  # a late answer must not write to a reused descriptor number
                 os.close(self._wake_r)
@@ -194,6 +195,17 @@ class Watchdog:
     def _wakeups(self, now: float) -> list[float]:
         with self._lock:
             return [w for e in self.escalations.values() if (w := e.next_wakeup(now)) is not None]
+
+    def _say_hello(self, control: zmq.Socket[Any]) -> None:
+        """Once our IOPub subscription is live (any message on it proves it: ipykernel sends an
+        iopub_welcome first), tell the kernel its broker requests will be heard; again every
+        ``HELLO_RETRY_S`` until it answers, on the connection its answers will come back on."""
+        if self.broker is None or self.broker_ready.is_set() or not self.observer.ready:
+            return
+        now = self._clock()
+        if self._hello is None or now >= self._hello[1]:
+            sent = self._send(control, names.MSG_BROKER_HELLO, {"comm_id": self.comm_id})
+            self._hello = (sent, now + HELLO_RETRY_S)
 
     def _drain(self, socket: zmq.Socket[Any], handle: Callable[[dict[str, Any]], None]) -> None:
         while True:
@@ -258,6 +270,10 @@ class Watchdog:
 
     def _on_control(self, msg: dict[str, Any]) -> None:
         parent_id = (msg.get("parent_header") or {}).get("msg_id")
+        if msg["header"]["msg_type"] == names.MSG_BROKER_HELLO + "_reply":
+            if msg["content"].get("status") == "ok":
+                self.broker_ready.set()
+            return
         if msg["header"]["msg_type"] != "ivralo_status_reply" or parent_id not in self._pending_confirm:
             return
         msg_id = self._pending_confirm.pop(parent_id)
@@ -315,7 +331,7 @@ class Watchdog:
             else:
                 break  # it answered but is no longer running that execution, or was too late
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.root_pid, signal.SIGINT)  # the supervisor ignores it; the kernel gets it
+            os.killpg(self.root_pid, signal.SIGINT)  # the supervisor passes it on to the kernel's group
 
     def _check_memory(self) -> None:
         sample = self.observer.poll()

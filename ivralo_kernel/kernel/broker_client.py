@@ -1,9 +1,14 @@
 """[kernel] Ask the host something from inside a running cell, and wait for its answer.
 
-Requests go out as ``comm_msg`` on the comm the host opened (``ivralo.broker``); answers come back
-as the ``ivralo_broker_reply`` control message, which the Control thread serves while a synchronous
-cell blocks (a reply on shell would wait until the cell ends: a deadlock). The wait is an
-``Event.wait``, which an interrupt ends at once.
+Requests go out as ``comm_msg`` on IOPub, on the broker comm whose id the host chose at launch
+(``IVRALO_BROKER_COMM``); answers come back as the ``ivralo_broker_reply`` control message, which the
+Control thread serves while a synchronous cell blocks (a reply on shell would wait until the cell
+ends: a deadlock). The wait is an ``Event.wait``, which an interrupt ends at once.
+
+No request leaves before the host's ``ivralo_broker_hello`` has arrived on control: the host sends it
+once its IOPub subscription is live, so a request can neither fall into the gap before a slow
+subscriber joins nor wait for an answer on a control connection that is not up yet. A request made
+earlier waits for the hello (bounded).
 """
 
 from __future__ import annotations
@@ -28,9 +33,21 @@ class BrokerUnavailable(RuntimeError):
     """No ivralo host is attached to answer."""
 
 
+NO_HOST = (
+    "no ivralo host is attached to this kernel to answer (it was started without one: VS Code and "
+    "other raw launches run kernel.json's command directly). Run it under an ivralo host: JupyterLab, "
+    "jupyter console or any jupyter_client host with the ivralo kernelspec, or ivralo_kernel.host.Session"
+)
+CONTROL_THREAD = "Control"  # ipykernel's control-channel thread, which delivers the host's answers
+HOST_CONNECT_TIMEOUT_S = 30.0  # how long a request waits for the host's hello before giving up
+
+
 class BrokerClient:
     def __init__(self) -> None:
-        self._comm: Any = None
+        self.comm_id: str | None = None  # set at launch when a host started this kernel
+        # Sends one comm_msg on IOPub (set by the kernel once it is built).
+        self.publish: Callable[[str, dict[str, Any]], None] | None = None
+        self.host_ready = threading.Event()
         self.person: PersonPrompt | None = None  # set by the kernel once it is built
         # Called around a wait: the deadline backstop stops counting while the host (or a person) answers.
         self.on_wait: tuple[Callable[[], None], Callable[[], None]] | None = None
@@ -44,34 +61,43 @@ class BrokerClient:
 
     @property
     def attached(self) -> bool:
-        return self._comm is not None
+        return self.comm_id is not None and self.publish is not None
 
-    def attach(self, comm: Any) -> None:
-        self._comm = comm
-        comm.on_close(lambda _msg: self._detach())
+    def hello(self, comm_id: object) -> bool:
+        """(Control thread) The host hears this kernel's IOPub and reaches its control channel."""
+        if comm_id is None or comm_id != self.comm_id:
+            return False
+        self.host_ready.set()
+        return True
 
-    def _detach(self) -> None:
-        self._comm = None
+    def _wait_for_host(self) -> None:
+        if self.host_ready.wait(HOST_CONNECT_TIMEOUT_S):
+            return
+        raise BrokerUnavailable(
+            f"the ivralo host that started this kernel has not connected to its broker channel within "
+            f"{HOST_CONNECT_TIMEOUT_S:g} s (its process may have ended or be overloaded); restart the kernel"
+        )
 
     def ask(
         self, kind: str, payload: dict[str, Any], timeout: float, *, pause_deadline: bool = False
     ) -> dict[str, Any]:
         """Send a request and wait for its answer. ``pause_deadline``: somebody may be asked, whose
         time does not count against the cell's deadline."""
-        comm = self._comm
-        if comm is None:
-            raise BrokerUnavailable(
-                "no ivralo host is attached to this kernel to answer (it was started without one: VS Code and "
-                "other raw launches run kernel.json's command directly). Run it under an ivralo host: JupyterLab, "
-                "jupyter console or any jupyter_client host with the ivralo kernelspec, or ivralo_kernel.host.Session"
-            )
+        publish = self.publish
+        if self.comm_id is None or publish is None:
+            raise BrokerUnavailable(NO_HOST)
+        if threading.current_thread().name == CONTROL_THREAD:
+            # The answer arrives on this very thread: waiting here would never end (the debugger
+            # runs code while Control waits for it).
+            raise BrokerUnavailable("a request from the kernel's Control thread cannot wait for the host's answer")
+        self._wait_for_host()
         req_id = uuid.uuid4().hex
         event = threading.Event()
         box: list[dict[str, Any]] = []
         with self._lock:
             self._pending[req_id] = (event, box)
         try:
-            comm.send({"req_id": req_id, "kind": kind, "payload": payload})
+            publish(self.comm_id, {"req_id": req_id, "kind": kind, "payload": payload})
             pauses = self.on_wait if pause_deadline else None
             if pauses is not None:
                 pauses[0]()

@@ -57,8 +57,7 @@ class IvraloKernel(IPythonKernel):
         assert self.shell is not None
         self.shell.set_custom_exc((KeyboardInterrupt,), _show_interrupt)
         self._replacement_gate = _ReplacementGate() if os.environ.pop(names.ENV_REPLACEMENT, "") else None
-        # The host opens the broker comm (a frontend closes kernel-opened comms it does not know).
-        self.comm_manager.register_target(names.COMM_TARGET, lambda comm, _msg: BROKER.attach(comm))
+        BROKER.publish = self._publish_broker_request
         BROKER.person = _CellPrompt(self)
         # The broker's API, ready in every cell as `ivralo` (help(ivralo)); hidden from %who and
         # the namespace API, like IPython's own names.
@@ -184,6 +183,22 @@ class IvraloKernel(IPythonKernel):
 
     async def ivralo_broker_reply(self, stream: Any, ident: Any, parent: dict[str, Any]) -> None:
         BROKER.deliver(parent.get("content", {}))
+
+    async def ivralo_broker_hello(self, stream: Any, ident: Any, parent: dict[str, Any]) -> None:
+        """The host hears our IOPub and reaches our control channel: broker requests may go now."""
+        ok = BROKER.hello(parent.get("content", {}).get("comm_id"))
+        self._reply(stream, ident, parent, "ivralo_broker_hello_reply", {"status": "ok" if ok else "error"})
+
+    def _publish_broker_request(self, comm_id: str, data: dict[str, Any]) -> None:
+        """A ``comm_msg`` on IOPub, as ipykernel's comms send one, parented by the running request."""
+        assert self.session is not None
+        self.session.send(
+            self.iopub_socket,
+            "comm_msg",
+            {"comm_id": comm_id, "data": data},
+            parent=self.get_parent(),
+            ident=f"comm-{comm_id}".encode(),
+        )
 
     async def ivralo_status_request(self, stream: Any, ident: Any, parent: dict[str, Any]) -> None:
         self._reply(stream, ident, parent, "ivralo_status_reply", {"status": "ok", "executing": self._executing})

@@ -20,6 +20,7 @@ import os
 import sys
 import tempfile
 import time
+import traceback
 from typing import Any
 
 from ivralo_kernel.guards import apply_limits, scrub_environ
@@ -29,6 +30,7 @@ from ivralo_kernel.guards.history import History
 from ivralo_kernel.guards.landlock import LandlockResult, LandlockRules
 from ivralo_kernel.guards.landlock import apply as apply_landlock
 from ivralo_kernel.guards.network import install_network_guard
+from ivralo_kernel.kernel.broker_client import BROKER
 from ivralo_kernel.kernel.egress_judge import egress_judge
 from ivralo_kernel.kernel.launch_state import STATE
 from ivralo_kernel.kernel.stages import SupervisorPipe, write_failure
@@ -36,6 +38,11 @@ from ivralo_kernel.protocol import KernelPolicy, default_memory_limit, names
 from ivralo_kernel.protocol.credentials import config_home
 from ivralo_kernel.protocol.egress import load_egress_policy
 from ivralo_kernel.protocol.trust import is_trusted
+
+# Devices every kernel writes to: the null device, its terminal, and ptys. IPython runs ``!cmd`` and
+# ``%pip`` through a pty (pexpect): the master is opened on /dev/ptmx, the child side in /dev/pts/.
+DEVICE_FILES = ("/dev/null", "/dev/tty", "/dev/ptmx")
+DEVICE_TREES = ("/dev/pts",)
 
 
 def _load_dotenv(workspace: str) -> bool:
@@ -60,14 +67,11 @@ def _add_workspace_to_path() -> None:
 
 
 def _build_app() -> Any:
-    from ipykernel.kernelapp import IPKernelApp
-
+    from ivralo_kernel.kernel.app import IvraloKernelApp
     from ivralo_kernel.kernel.kernel import IvraloKernel
 
-    app = IPKernelApp.instance(kernel_class=IvraloKernel)
-    # Input history stays in memory: the sqlite file lives outside the workspace, where writes are
-    # refused once the kernel runs.
-    app.initialize([*sys.argv[1:], "--HistoryManager.hist_file=:memory:"])
+    app = IvraloKernelApp.instance(kernel_class=IvraloKernel)
+    app.initialize(sys.argv[1:])
     return app
 
 
@@ -92,7 +96,7 @@ def _tcp_floor_ports(policy: KernelPolicy, workspace: str) -> tuple[int, ...] | 
 
 def _tcp_floor_report(ports: tuple[int, ...] | None, result: LandlockResult) -> str:
     if ports is None:
-        return "off (turned off by the host's settings)"
+        return "off (the default; landlock_network turns it on)"
     if "tcp-connect" not in result.handled:
         return f"unavailable: Landlock ABI {result.abi}; the TCP floor needs ABI 4 (Linux >= 6.7)"
     return "ports " + ", ".join(map(str, ports)) if ports else "no TCP connect"
@@ -107,9 +111,11 @@ def _apply_landlock(policy: KernelPolicy, workspace: str, tmp: str) -> tuple[str
         return "off (turned off by the host's settings)", "off (the Landlock write floor is off)"
     if len(os.listdir("/proc/self/task")) != 1:  # a thread started earlier would keep write access
         return "not applied: a thread was already running", "not applied: a thread was already running"
-    write_trees = (tmp,) if policy.role == names.ROLE_READONLY else (workspace, tmp)
+    write_trees = (tmp, *DEVICE_TREES) if policy.role == names.ROLE_READONLY else (workspace, tmp, *DEVICE_TREES)
     ports = _tcp_floor_ports(policy, workspace)
-    rules = LandlockRules(write_trees=write_trees, write_files=("/dev/null", "/dev/tty"), connect_ports=ports)
+    connection_file = _connection_file()
+    write_files = (*DEVICE_FILES, connection_file) if connection_file else DEVICE_FILES
+    rules = LandlockRules(write_trees=write_trees, write_files=write_files, connect_ports=ports)
     result = apply_landlock(rules)
     tcp_report = _tcp_floor_report(ports, result)
     if not result.applied:
@@ -120,6 +126,36 @@ def _apply_landlock(policy: KernelPolicy, workspace: str, tmp: str) -> tuple[str
     elif ports is not None:
         STATE.notes.append(f"TCP connect floor {tcp_report}: subprocesses may connect to any port")
     return f"ABI {result.abi}: {', '.join(result.handled)}", tcp_report
+
+
+def _connection_file_arg() -> str | None:
+    """The ``-f`` / ``--f=`` argument, absolute."""
+    argv = sys.argv[1:]
+    path = next((a.split("=", 1)[1] for a in argv if a.startswith(("--f=", "-f="))), None)
+    if path is None and "-f" in argv[:-1]:
+        path = argv[argv.index("-f") + 1]
+    return os.path.abspath(path) if path else None
+
+
+def _connection_file() -> str | None:
+    """The connection file ipykernel will write, made writable for it under the floor.
+
+    ipykernel rewrites the file when its ports are 0 (it picks them), and writes it when there is none
+    yet. It lives in Jupyter's runtime folder, outside the workspace, so the Landlock floor names the
+    file itself (never the folder, which holds other kernels' files). A missing one is created empty
+    first, so that there is a file to name: ipykernel reads ``{}`` as "nothing given" and fills it in.
+    """
+    path = _connection_file_arg()
+    if not path:
+        return None
+    if not os.path.exists(path):
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except OSError:
+            return None  # ipykernel will say what is wrong with the folder
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write("{}")
+    return path
 
 
 def _ensure_ipython_profile() -> None:
@@ -134,12 +170,12 @@ def _install_file_guards(policy: KernelPolicy, workspace: str) -> tuple[FileGuar
     tmp = _private_tmp()
     _ensure_ipython_profile()
     STATE.layers["landlock"], STATE.layers["tcp_connect_floor"] = _apply_landlock(policy, workspace, tmp)
-    connection_file = sys.argv[sys.argv.index("-f") + 1] if "-f" in sys.argv[:-1] else ""
+    connection_file = _connection_file_arg() or ""
     ipython_dir = os.environ.get("IPYTHONDIR") or os.path.expanduser("~/.ipython")
     fs_policy = FsPolicy(
         workspace=workspace,
         readonly=policy.role == names.ROLE_READONLY,
-        writable_extra=(tmp, "/dev/null", "/dev/tty"),
+        writable_extra=(tmp, *DEVICE_FILES, *DEVICE_TREES),
         config_home_is_workspace=os.path.realpath(config_home(os.environ)) == workspace,
         # While the kernel starts, IPython may create its profile folder and ipykernel its runtime files.
         allow_during_startup=tuple(
@@ -154,6 +190,7 @@ def _install_file_guards(policy: KernelPolicy, workspace: str) -> tuple[FileGuar
 def main() -> None:
     reporter = SupervisorPipe(os.environ)
     STATE.started_at = float(os.environ.pop(names.ENV_LAUNCHED_AT, "") or time.time())
+    BROKER.comm_id = os.environ.pop(names.ENV_BROKER_COMM, "") or None  # a host started us and will answer
     sys.dont_write_bytecode = True  # step 2
     os.environ["PYTHONDONTWRITEBYTECODE"] = "1"
     reporter.reached_stage(names.STAGE_INTERPRETER_UP)
@@ -194,7 +231,8 @@ def main() -> None:
         }
         reporter.reached_stage(names.STAGE_GUARDS_INSTALLED)
 
-        STATE.network = install_network_guard(egress_judge(workspace), tcp_floor=STATE.tcp_floor)
+        tree_root = os.getppid() if os.environ.get(names.ENV_SUPERVISOR_PID) else os.getpid()
+        STATE.network = install_network_guard(egress_judge(workspace), tcp_floor=STATE.tcp_floor, tree_root=tree_root)
         STATE.layers["network_guard"] = "audit hook, asks the host"
         app = _build_app()  # step 6
         file_guard.starting = False  # from here on, the kernel's own folders are closed too
@@ -206,10 +244,15 @@ def main() -> None:
         STATE.bootstrap_ms = round((time.time() - STATE.started_at) * 1000, 1)
         reporter.reached_stage(names.STAGE_KERNEL_BUILT)
     except BaseException as exc:  # noqa: BLE001 - whatever stops the start is written to the log first
-        try:
-            where = f"details in {write_failure(workspace, reporter.reached, exc)}"
-        except OSError as log_error:
-            where = f"the log could not be written: {log_error}"
+        # On stderr in full: the supervisor keeps its tail in the worker log (the write guard, once
+        # installed, closes .ivralo/ to this process too). Without a supervisor, the log is ours.
+        traceback.print_exception(exc, file=sys.stderr)
+        where = "the supervisor records it in " + names.WORKER_LOG
+        if not reporter.connected:
+            try:
+                where = f"details in {write_failure(workspace, reporter.reached, exc)}"
+            except OSError as log_error:
+                where = f"the log could not be written: {log_error}"
         print(f"ivralo kernel failed to start: {exc!r} ({where})", file=sys.stderr)
         raise SystemExit(1) from None
     app.start()

@@ -23,9 +23,11 @@ ENV_DEADLINE_MS: Final = "IVRALO_DEADLINE_MS"
 ENV_HISTORY_CAP: Final = "IVRALO_HISTORY_CAP_BYTES"
 ENV_REPLACEMENT: Final = "IVRALO_REPLACEMENT"  # "1": this kernel replaces one the watchdog killed
 ENV_LANDLOCK: Final = "IVRALO_LANDLOCK"  # "off" turns the OS write floor off (tests, diagnosis)
-ENV_LANDLOCK_NETWORK: Final = "IVRALO_LANDLOCK_NETWORK"  # "off": no TCP connect floor (diagnosis)
+ENV_LANDLOCK_NETWORK: Final = "IVRALO_LANDLOCK_NETWORK"  # "on": the TCP connect floor (off by default)
 ENV_TMPDIR: Final = "IVRALO_TMPDIR"  # the kernel's private temp folder, made and removed by the supervisor
 ENV_INTERRUPT_GRACE_MS: Final = "IVRALO_INTERRUPT_GRACE_MS"
+# The id of the broker comm, chosen by the host before launch (no comm_open on shell: see COMM_TARGET).
+ENV_BROKER_COMM: Final = "IVRALO_BROKER_COMM"
 # Set by the supervisor only: the pipe the kernel reports its start-up stages on, and the
 # supervisor's pid (the kernel's parent poller follows it through JPY_PARENT_PID too).
 ENV_STAGE_FD: Final = "IVRALO_STAGE_FD"
@@ -62,10 +64,16 @@ KERNEL_INFO_SECTION: Final = "ivralo"
 MSG_DEADLINE_NOTICE: Final = "ivralo_deadline_notice"  # "the next interrupt is a deadline"
 MSG_STATUS_REQUEST: Final = "ivralo_status_request"  # "which execution is running?"
 MSG_BROKER_REPLY: Final = "ivralo_broker_reply"  # the host's answer to a broker request
-CONTROL_MSG_TYPES: Final = (MSG_DEADLINE_NOTICE, MSG_STATUS_REQUEST, MSG_BROKER_REPLY)
+# "I hear your IOPub and you hear my control": the host sends it once its IOPub subscription is
+# live; the kernel sends no request before it (one sent earlier could be lost to a slow joiner).
+MSG_BROKER_HELLO: Final = "ivralo_broker_hello"  # {"comm_id"} -> ivralo_broker_hello_reply {"status"}
+CONTROL_MSG_TYPES: Final = (MSG_DEADLINE_NOTICE, MSG_STATUS_REQUEST, MSG_BROKER_REPLY, MSG_BROKER_HELLO)
 
-# The broker comm: opened by the host (a frontend closes kernel-opened comms it does not know);
-# requests travel as comm_msg on IOPub, tied to the running execution by their parent header.
+# The broker comm. Its id is handed to the kernel at launch (ENV_BROKER_COMM), so nothing about
+# it travels on shell, where a client's first execute_request could overtake a comm_open; no
+# frontend ever sees it opened (a frontend closes comms whose target it does not know). Requests
+# travel as comm_msg on IOPub (topic ``comm-<id>``), tied to the running execution by their parent
+# header; answers come back as control messages.
 COMM_TARGET: Final = "ivralo.broker"
 BROKER_EGRESS: Final = "egress"  # {"host", "port", "person": bool} -> {"allowed", "reason"} | {"ask_person", ...}
 # The person's answer to an "ask_person" reply, relayed from the cell's stdin: {"host", "port", "choice"}.

@@ -47,8 +47,10 @@ class KernelPolicy:
     history_cap_bytes: int = 256 << 20
     landlock: bool = True  # the OS-enforced write floor, where the Linux kernel has it
     # The TCP connect floor (Landlock ABI >= 4): ports of the allowed hosts only. Part of the same
-    # Landlock layer, so it is off whenever ``landlock`` is.
-    landlock_network: bool = True
+    # Landlock layer, so it is off whenever ``landlock`` is. Off unless asked for: a floor that knows
+    # ports and not addresses refuses the kernel's own loopback links (a forked child's output, the
+    # debugger, a local cluster), whose ports are picked at run time, and every host allowed later.
+    landlock_network: bool = False
 
     def __post_init__(self) -> None:
         if self.role not in names.ROLES:
@@ -77,9 +79,10 @@ class KernelPolicy:
             with open(path, encoding="utf-8") as f:
                 return cls.from_json(f.read())
         fields: dict[str, Any] = {"workspace": env.get(names.ENV_WORKSPACE) or cwd}
-        for var, field in ((names.ENV_LANDLOCK, "landlock"), (names.ENV_LANDLOCK_NETWORK, "landlock_network")):
-            if env.get(var, "").lower() in ("0", "off", "false", "no"):
-                fields[field] = False
+        if env.get(names.ENV_LANDLOCK, "").lower() in ("0", "off", "false", "no"):
+            fields["landlock"] = False
+        if env.get(names.ENV_LANDLOCK_NETWORK, "").lower() in ("1", "on", "true", "yes"):
+            fields["landlock_network"] = True
         if env.get(names.ENV_ROLE):
             fields["role"] = env[names.ENV_ROLE]
         for var, field in (

@@ -7,10 +7,12 @@ Order of steps, and why each comes where it does:
 2. Become a child subreaper, so every orphan in the kernel's tree is reparented to us.
 3. Ask for a catchable parent-death signal, then compare ``getppid()`` with the parent noted in
    step 1: a host that died before the request was made sends no signal.
-4. Ignore SIGINT: jupyter_client interrupts by signalling the whole process group, and the
-   interrupt is for the kernel, not for us.
-5. Fork and exec the kernel with a scrubbed environment, a stage pipe, and a SIGKILL parent-death
-   signal, so a supervisor that is itself SIGKILLed does not leave a kernel behind.
+4. Pass SIGINT on to the kernel's process group. The kernel gets a process group of its own, so
+   exactly one SIGINT reaches it whichever way the interrupt came: jupyter_client signals our
+   group (we alone are in it), VS Code signals the pid it launched (us).
+5. Fork and exec the kernel in its own process group, with a scrubbed environment, a stage pipe,
+   and a SIGKILL parent-death signal, so a supervisor that is itself SIGKILLed does not leave a
+   kernel behind.
 6. Wait. The kernel exiting, SIGTERM (stop gracefully), SIGUSR1 (kill now), the parent-death
    signal, or a changed ``getppid()`` each end the wait; then the whole tree is frozen and killed,
    and we exit with the kernel's status.
@@ -18,6 +20,7 @@ Order of steps, and why each comes where it does:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import shutil
@@ -39,7 +42,7 @@ TERM_GRACE_S = 3.0
 # How often the parent is checked by pid, in case the death signal was missed.
 PARENT_POLL_S = 0.5
 
-_WATCHED = (signal.SIGCHLD, signal.SIGTERM, signal.SIGQUIT, SIGNAL_KILL_NOW, SIGNAL_PARENT_DIED)
+_WATCHED = (signal.SIGCHLD, signal.SIGTERM, signal.SIGQUIT, signal.SIGINT, SIGNAL_KILL_NOW, SIGNAL_PARENT_DIED)
 
 
 def _reexec_without_secrets(workspace: str) -> None:
@@ -70,15 +73,19 @@ def _kernel_env(workspace: str, stage_fd: int, tmp: str) -> dict[str, str]:
 
 
 def _start_kernel(argv: list[str], env: dict[str, str], stderr_fd: int) -> int:
-    cmd = [sys.executable, "-P", "-B", "-m", "ivralo_kernel.kernel", *argv]
+    # Frozen standard modules hide their source from the debugger: breakpoints in them are missed.
+    cmd = [sys.executable, "-P", "-B", "-Xfrozen_modules=off", "-m", "ivralo_kernel.kernel", *argv]
     supervisor = os.getpid()
     pid = os.fork()
     if pid:
+        with contextlib.suppress(OSError):  # also here: a SIGINT may come before the child's own call
+            os.setpgid(pid, pid)
         return pid
     try:  # in the child: undo what is ours, then become the kernel
-        for signum in (signal.SIGINT, *_WATCHED):
+        for signum in _WATCHED:
             signal.signal(signum, signal.SIG_DFL)
         signal.set_wakeup_fd(-1)
+        os.setpgid(0, 0)  # an interrupt for our group is passed on to this one, once
         os.dup2(stderr_fd, 2)
         linux.set_parent_death_signal(signal.SIGKILL)
         if os.getppid() != supervisor:
@@ -109,7 +116,7 @@ def _write_worker_log(workspace: str, stages: list[str], how: str, stderr_tail: 
         f"  last stage reached: {reached}",
         f"  stages: {', '.join(stages) or '-'}",
         "  stderr tail:",
-        *("    " + line for line in stderr_tail.decode(errors="replace").splitlines()[-20:]),
+        *("    " + line for line in stderr_tail.decode(errors="replace").splitlines()[-40:]),
     ]
     path = Path(workspace) / names.WORKER_LOG
     try:
@@ -163,13 +170,12 @@ def main(argv: list[str] | None = None) -> int:
     os.environ[names.ENV_SUPERVISOR_LAYERS] = f"subreaper={int(subreaper)},parent_death_signal={int(death_signal)}"
     if os.getppid() != parent:
         return 1
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # step 4
 
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
     for signum in _WATCHED:  # a Python-level handler so the C handler writes to the wake pipe
-        signal.signal(signum, lambda *_: None)
+        signal.signal(signum, lambda *_: None)  # SIGINT too: step 4, passed on in the loop below
 
     stage_r, stage_w = os.pipe()
     os.set_inheritable(stage_w, True)
@@ -212,6 +218,9 @@ def main(argv: list[str] | None = None) -> int:
                 elif text == names.PIPE_KILL_NOW:
                     kill_at = time.monotonic()
         received = set(os.read(wake_r, 512)) if wake_r in ready else set()
+        if signal.SIGINT in received:  # step 4: the interrupt is for the kernel and its children
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(kernel, signal.SIGINT)
         for pid, status in tree.reap_children():
             if pid == kernel:
                 kernel_status = status

@@ -1,0 +1,49 @@
+"""[kernel] ``IvraloKernelApp``: ipykernel's application with the two changes the ivralo kernel needs.
+
+* Input history stays in memory. IPython's sqlite file lives outside the workspace, where writes are
+  refused once the kernel runs. nbclient, papermill and ``nbconvert --execute`` pass their own
+  ``--HistoryManager.hist_file`` for kernels named ``python3``; given twice, traitlets makes the
+  setting a list and the kernel dies at start, so a client's value is replaced, not repeated.
+* IOPub reports every subscriber (``XPUB_VERBOSE``). ipykernel sends ``iopub_welcome`` when its XPUB
+  reports a subscription, and a plain XPUB reports only the first subscriber of a topic: the host's
+  watchdog subscribes first, and a client would never get its welcome (nor the watchdog, when a
+  client was first: the watchdog needs its welcome to know it is heard).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import zmq
+from ipykernel.kernelapp import IPKernelApp
+
+HISTORY_IN_MEMORY = "--HistoryManager.hist_file=:memory:"
+_HISTORY_FLAG = "--HistoryManager.hist_file"
+
+
+def without_history_file(argv: list[str]) -> list[str]:
+    """``argv`` with every ``--HistoryManager.hist_file`` setting (``=value`` or ``value`` form) removed."""
+    kept: list[str] = []
+    skip_value = False
+    for arg in argv:
+        if skip_value:
+            skip_value = False
+            continue
+        if arg == _HISTORY_FLAG:
+            skip_value = True
+            continue
+        if arg.startswith(_HISTORY_FLAG + "="):
+            continue
+        kept.append(arg)
+    return kept
+
+
+class IvraloKernelApp(IPKernelApp):  # type: ignore[misc]
+    def initialize(self, argv: list[str] | None = None) -> None:
+        super().initialize([*without_history_file(list(argv or [])), HISTORY_IN_MEMORY])
+
+    def _bind_socket(self, s: Any, port: int) -> Any:
+        # ipykernel binds each channel here, right after creating its socket (init_iopub).
+        if s.socket_type == zmq.XPUB:
+            s.setsockopt(zmq.XPUB_VERBOSE, 1)
+        return super()._bind_socket(s, port)
