@@ -85,6 +85,11 @@ def test_trust_is_granted_from_the_shell_and_opens_the_gate(
     with SyncSession(workspace=workspace) as session:
         refused = session.run("import helper_mod")
         assert isinstance(refused, dict) and f"ivralo-kernel trust {workspace.resolve()}" in refused["error"]
+        # A file run by its path runs (the person named it); the folder's modules it imports do not.
+        (workspace / "script.py").write_text("print('ran by path')\nimport helper_mod\n")
+        ran = session.run("%run script.py")
+        assert isinstance(ran, dict) and "ran by path" in ran["result"], ran
+        assert "a file run on purpose by its path, as %run does, is not gated" in ran["error"], ran
         # The code cannot grant itself trust: the trust store is outside the workspace.
         store = Path(os.environ["IVRALO_CONFIG_HOME"]) / "trusted-folders.json"
         denied = session.run(f"open({str(store)!r}, 'w').write('{{}}')")

@@ -32,7 +32,12 @@ def _tcp_floor_row(layers: dict[str, Any]) -> tuple[str, bool, str, str]:
         "the ports of the hosts in hosts.allow (80 and 443 for a host listed without a port). " + TCP_FLOOR_GAPS
     )
     if floor.startswith("off"):
-        fix = "Turn it back on: landlock and landlock_network (WorkerConfig.landlock_network) default to True."
+        fix = (
+            "Off by default: a port list also refuses the kernel's own loopback links (the debugger, a forked "
+            "child's output, a local cluster). Subprocesses and native code may connect anywhere; only Python "
+            "code is judged. Turn it on with landlock_network=True (WorkerConfig or the provisioner trait) "
+            "where those links are not needed."
+        )
     elif floor.startswith("unavailable"):
         fix = (
             "Use Linux >= 6.7 (Landlock ABI 4); until then only the Python-level guard judges connections, "

@@ -191,8 +191,9 @@ class TrustGate:
         if importlib.machinery.PathFinder.find_spec(fullname, entries) is not None:
             raise TrustGateError(
                 f"{fullname!r} lives in {self.workspace}, a folder that is not trusted, so the trust gate does "
-                f"not import its own code. Stop and tell the person; they can trust the folder with: "
-                f"ivralo-kernel trust {self.workspace}",
+                f"not import its own code (an import picks a file up by its name alone; a file run on purpose "
+                f"by its path, as %run does, is not gated, but its own imports of the folder's modules are). "
+                f"Stop and tell the person; they can trust the folder with: ivralo-kernel trust {self.workspace}",
                 name=fullname,
             )
 

@@ -30,6 +30,7 @@ from ivralo_kernel.kernel import api
 from ivralo_kernel.kernel.broker_client import BROKER
 from ivralo_kernel.kernel.deadline import DeadlineNotices, InKernelWatchdog, SupervisorBackstop
 from ivralo_kernel.kernel.launch_state import STATE
+from ivralo_kernel.kernel.pip_magic import guarded_pip
 from ivralo_kernel.protocol import names
 
 CONTROL_EXECUTE_REFUSED = (
@@ -58,6 +59,9 @@ class IvraloKernel(IPythonKernel):
         self.shell.set_custom_exc((KeyboardInterrupt,), _show_interrupt)
         self._replacement_gate = _ReplacementGate() if os.environ.pop(names.ENV_REPLACEMENT, "") else None
         BROKER.publish = self._publish_broker_request
+        original_pip = self.shell.find_line_magic("pip")
+        if original_pip is not None and STATE.workspace:
+            self.shell.register_magic_function(guarded_pip(original_pip, STATE.workspace), "line", "pip")
         BROKER.person = _CellPrompt(self)
         # The broker's API, ready in every cell as `ivralo` (help(ivralo)); hidden from %who and
         # the namespace API, like IPython's own names.

@@ -1,0 +1,70 @@
+"""[kernel] ``%pip``: IPython's magic, except that an install the write floor would refuse is refused
+first, in one sentence, instead of a page of pip's permission traceback.
+
+Code in the kernel may write only inside its workspace. A project's own environment (``.venv`` in the
+workspace) is inside it, and ``%pip install`` works there as usual; the environment ivralo runs in
+usually is not.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import site
+import sys
+import sysconfig
+from collections.abc import Callable
+from typing import Any
+
+from IPython.core.error import UsageError
+
+CHANGES_THE_ENVIRONMENT = ("install", "uninstall")
+
+
+def _option(args: list[str], *flags: str) -> str | None:
+    for i, arg in enumerate(args):
+        for flag in flags:
+            if arg == flag and i + 1 < len(args):
+                return args[i + 1]
+            if arg.startswith(flag + "="):
+                return arg.split("=", 1)[1]
+    return None
+
+
+def pip_target(args: list[str]) -> str:
+    """Where ``pip install`` with these arguments writes its packages."""
+    target = _option(args, "--target", "-t")
+    if target:
+        return os.path.abspath(target)
+    prefix = _option(args, "--prefix", "--root")
+    if prefix:
+        return os.path.abspath(prefix)
+    if "--user" in args:
+        return site.getusersitepackages()
+    return sysconfig.get_paths()["purelib"]
+
+
+def _inside(path: str, root: str) -> bool:
+    path = os.path.realpath(path)
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def guarded_pip(original: Callable[[str], Any], workspace: str) -> Callable[[str], Any]:
+    def pip(line: str) -> Any:
+        try:
+            args = shlex.split(line)
+        except ValueError:
+            return original(line)  # pip says what is wrong with the line
+        command = next((a for a in args if not a.startswith("-")), None)
+        if command in CHANGES_THE_ENVIRONMENT:
+            target = pip_target(args)
+            if not _inside(target, workspace):
+                raise UsageError(
+                    f"%pip {command} would write to {target}, outside the workspace {workspace} where code in "
+                    f"this kernel may write, so run it from a terminal instead ({sys.executable} -m pip {line}), "
+                    f"or make the project's own .venv inside the workspace and run the kernel from it."
+                )
+        return original(line)
+
+    pip.__doc__ = getattr(original, "__doc__", None)
+    return pip

@@ -1,0 +1,190 @@
+"""What a notebook user does in their first hour, over jupyter_client with ivralo's provisioner (the
+path JupyterLab and ``jupyter console`` take), each judged on its output: ``!`` and ``%pip`` (a pty),
+``%%bash``, a forked child's print, a local cluster on loopback, a widget's comm round trip, an inline
+PNG, ``input()``, completion, inspection, ``%debug``, the debugger, restart. Fresh folder, nothing
+allowed, Landlock on."""
+
+from __future__ import annotations
+
+import queue
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from jupyter_client.blocking.client import BlockingKernelClient
+from jupyter_client.manager import KernelManager
+from kernel_helpers import Executed, execute
+
+
+@pytest.fixture
+def km(workspace: Path) -> Iterator[KernelManager]:
+    manager = KernelManager(kernel_name="ivralo")
+    manager.start_kernel(cwd=str(workspace))
+    yield manager
+    if manager.has_kernel:
+        manager.shutdown_kernel(now=True)
+
+
+@pytest.fixture
+def kc(km: KernelManager) -> Iterator[BlockingKernelClient]:
+    client = km.client()
+    client.start_channels()
+    client.wait_for_ready(timeout=60)
+    yield client
+    client.stop_channels()
+
+
+def answering(
+    kc: BlockingKernelClient, code: str, answers: list[str], timeout: float = 60
+) -> tuple[Executed, list[str]]:
+    """Execute with stdin allowed, answering each input request in turn; returns what ran and the prompts."""
+    msg_id = kc.execute(code, allow_stdin=True)
+    prompts: list[str] = []
+    result = Executed(reply={})
+    deadline = time.monotonic() + timeout
+    idle = False
+    while not idle:
+        assert time.monotonic() < deadline, f"no idle; prompts {prompts}, stdout {result.stdout!r}"
+        try:
+            request = kc.get_stdin_msg(timeout=0.02)
+            prompts.append(request["content"]["prompt"])
+            kc.input(answers[len(prompts) - 1] if len(prompts) <= len(answers) else "")
+        except queue.Empty:
+            pass
+        try:
+            msg = kc.get_iopub_msg(timeout=0.02)
+        except queue.Empty:
+            continue
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        kind = msg["header"]["msg_type"]
+        if kind == "stream":
+            if msg["content"]["name"] == "stdout":
+                result.stdout += msg["content"]["text"]
+            else:
+                result.stderr += msg["content"]["text"]
+        elif kind == "status":
+            idle = msg["content"]["execution_state"] == "idle"
+        elif kind != "execute_input":
+            result.outputs.append(msg)
+    return result, prompts
+
+
+def test_shell_escapes_and_pip_run_in_a_pty(kc: BlockingKernelClient, workspace: Path) -> None:
+    (workspace / "data.csv").write_text("a,b\n")
+    listed = execute(kc, "!ls")
+    assert "data.csv" in listed.stdout and "out of pty" not in listed.stdout + listed.stderr, listed
+    piped = execute(kc, "%pip list")
+    assert "ipykernel" in piped.stdout and "Error" not in piped.stdout, piped.stdout[-500:]
+    bashed = execute(kc, "%%bash\necho from bash $((6 * 7))")
+    assert bashed.stdout == "from bash 42\n"
+
+
+def test_pip_install_outside_the_workspace_says_why_in_one_sentence(kc: BlockingKernelClient) -> None:
+    done = execute(kc, "%pip install ivralo-no-such-package")
+    text = done.stdout + done.stderr + "".join(o["content"].get("evalue", "") for o in done.outputs)
+    assert done.status == "error", text
+    assert done.reply["content"]["ename"] == "UsageError"
+    evalue = done.reply["content"]["evalue"]
+    assert evalue.startswith("%pip install would write to ") and "outside the workspace" in evalue, evalue
+    assert "Traceback" not in text and "Permission denied" not in text
+
+
+def test_a_forked_child_prints_into_the_cell(kc: BlockingKernelClient) -> None:
+    code = (
+        "import multiprocessing as mp\n"
+        "child = mp.get_context('fork').Process(target=print, args=('from the forked child',))\n"
+        "child.start(); child.join(); print('exit', child.exitcode)"
+    )
+    done = execute(kc, code)
+    assert done.stdout.splitlines() == ["from the forked child", "exit 0"], done
+
+
+def test_a_local_cluster_on_loopback_is_never_asked_about(kc: BlockingKernelClient) -> None:
+    """A server the kernel's tree runs on 127.0.0.1 (a multiprocessing manager, as a local Dask
+    cluster is) and a client connecting to it: the kernel talking to itself, not reaching a host."""
+    code = (
+        "from multiprocessing.managers import SyncManager\n"
+        "manager = SyncManager(address=('127.0.0.1', 0), authkey=b'k')\n"
+        "manager.start()\n"
+        "shared = manager.dict(answer=42)\n"
+        "print('answer', shared['answer'])\n"
+        "manager.shutdown()"
+    )
+    done, prompts = answering(kc, code, [])
+    assert prompts == [], "nobody is asked about the kernel's own loopback links"
+    assert done.stdout == "answer 42\n", done  # no "[ivralo network: ...]" line: nothing was judged
+
+
+def test_a_widget_round_trip(kc: BlockingKernelClient) -> None:
+    shown = execute(kc, "import ipywidgets\nw = ipywidgets.IntSlider(3)\ndisplay(w)")
+    opened = [o for o in shown.outputs if o["header"]["msg_type"] == "comm_open"]
+    model = next(
+        o["content"]["comm_id"] for o in opened if o["content"]["data"]["state"].get("_model_name") == "IntSliderModel"
+    )
+    # The frontend moves the slider: a comm_msg on shell, as JupyterLab sends it.
+    update = {"comm_id": model, "data": {"method": "update", "state": {"value": 7}, "buffer_paths": []}}
+    kc.shell_channel.send(kc.session.msg("comm_msg", update))
+    assert execute(kc, "print(w.value)").stdout == "7\n"
+
+
+def test_inline_png_input_completion_inspection(kc: BlockingKernelClient) -> None:
+    plotted = execute(kc, "%matplotlib inline\nimport matplotlib.pyplot as plt\nplt.plot([1, 2]); plt.show()")
+    assert any("image/png" in o["content"].get("data", {}) for o in plotted.outputs), plotted.stderr
+    asked, prompts = answering(kc, "name = input('who? ')\nprint('hi', name)", ["bob"])
+    assert prompts == ["who? "] and asked.stdout == "hi bob\n"
+    completion = kc.complete("import collec", reply=True, timeout=10)["content"]
+    assert "collections" in completion["matches"]
+    inspection = kc.inspect("len", reply=True, timeout=10)["content"]
+    assert inspection["found"] and "Return the number of items" in inspection["data"]["text/plain"]
+
+
+def test_post_mortem_debug(kc: BlockingKernelClient) -> None:
+    failed = execute(kc, "def f(x):\n    y = x * 2\n    raise ValueError(y)\nf(21)")
+    assert failed.status == "error"
+    debugged, prompts = answering(kc, "%debug", ["p y", "q"])
+    assert prompts and prompts[0].startswith("ipdb>"), prompts
+    assert "42" in debugged.stdout, debugged
+
+
+def test_debugger_under_the_host_stops_at_a_breakpoint(kc: BlockingKernelClient) -> None:
+    """JupyterLab's debugger: under the provisioner, pydevd's loopback connect is not asked about
+    (an answer would have to come back on the control thread, which waits for it: a deadlock)."""
+    seq = iter(range(1, 100))
+
+    def debug(command: str, arguments: dict[str, Any] | None = None) -> dict[str, Any]:
+        body = {"type": "request", "seq": next(seq), "command": command, "arguments": arguments or {}}
+        msg = kc.session.msg("debug_request", body)
+        kc.control_channel.send(msg)
+        while True:
+            reply = kc.get_control_msg(timeout=30)
+            if reply["parent_header"].get("msg_id") == msg["header"]["msg_id"]:
+                return dict(reply["content"])
+
+    assert debug("initialize", {"clientID": "jupyterlab", "adapterID": "", "pathFormat": "path"})["success"]
+    assert debug("attach")["success"]
+    code = "def g(n):\n    m = n + 1\n    return m\n\ng(41)"
+    source = debug("dumpCell", {"code": code})["body"]["sourcePath"]
+    debug("setBreakpoints", {"breakpoints": [{"line": 2}], "source": {"path": source}})
+    debug("configurationDone")
+    kc.execute(code)
+    while True:
+        msg = kc.get_iopub_msg(timeout=30)
+        if msg["header"]["msg_type"] == "debug_event" and msg["content"].get("event") == "stopped":
+            break
+    assert msg["content"]["body"]["reason"] == "breakpoint"
+    assert debug("continue", {"threadId": msg["content"]["body"]["threadId"]})["success"]
+    assert debug("disconnect", {"restart": False, "terminateDebuggee": True})["success"]
+
+
+def test_restart_gives_a_fresh_guarded_kernel(km: KernelManager, kc: BlockingKernelClient) -> None:
+    assert execute(kc, "import os\nx = 1\nprint(os.getpid())").status == "ok"
+    before = kc.kernel_info(reply=True, timeout=10)["content"]["ivralo"]["pid"]
+    km.restart_kernel(now=True)
+    kc.wait_for_ready(timeout=60)
+    after = kc.kernel_info(reply=True, timeout=10)["content"]["ivralo"]
+    assert after["pid"] != before and after["layers"]["write_guard"] == "audit hook"
+    gone = execute(kc, "print('x' in globals())")
+    assert gone.stdout == "False\n"

@@ -1,0 +1,127 @@
+"""VS Code's raw launch, emulated: it runs kernel.json's argv itself with a connection file (no
+provisioner, no host), interrupts by SIGINT to the pid it launched, debugs over ``debug_request`` on
+control (Debug Cell, Run by Line), and stops the kernel with SIGTERM. Judged from outside: the
+process table, the cell's own count of the signals it received."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from conftest import gone, wait_until
+from jupyter_client.blocking.client import BlockingKernelClient
+from jupyter_client.connect import write_connection_file
+from jupyter_client.kernelspec import KernelSpecManager
+from kernel_helpers import execute
+
+# A cell that counts the SIGINTs it receives over 3 s (its own handler replaces the interrupt).
+COUNT_SIGINTS = """
+import signal, time
+hits = []
+signal.signal(signal.SIGINT, lambda *_: hits.append(1))
+print('counting', flush=True)
+start = time.monotonic()
+while time.monotonic() - start < 3:
+    time.sleep(0.02)
+print('hits', len(hits))
+"""
+
+
+@dataclass
+class RawKernel:
+    proc: subprocess.Popen[bytes]
+    client: BlockingKernelClient
+    seq: int = 0
+
+    def debug(self, command: str, arguments: dict[str, Any] | None = None) -> dict[str, Any]:
+        """One DAP request over control, as VS Code and JupyterLab send it; the reply's content."""
+        self.seq += 1
+        body = {"type": "request", "seq": self.seq, "command": command, "arguments": arguments or {}}
+        msg = self.client.session.msg("debug_request", body)
+        self.client.control_channel.send(msg)
+        while True:
+            reply = self.client.get_control_msg(timeout=30)
+            if reply["parent_header"].get("msg_id") == msg["header"]["msg_id"]:
+                return dict(reply["content"])
+
+
+@pytest.fixture
+def raw(workspace: Path, tmp_path: Path) -> Iterator[RawKernel]:
+    spec = KernelSpecManager().get_kernel_spec("ivralo")
+    connection_file, _ = write_connection_file(str(tmp_path / "kernel-v3-raw.json"))
+    argv = [part.format(connection_file=connection_file) for part in spec.argv]
+    env = dict(os.environ, PYDEVD_IPYTHON_COMPATIBLE_DEBUGGING="1")  # what VS Code adds
+    proc = subprocess.Popen(argv, cwd=workspace, env=env, stdin=subprocess.DEVNULL)
+    client = BlockingKernelClient(connection_file=connection_file)
+    client.load_connection_file()
+    client.start_channels()
+    tree: list[int] = []
+    try:
+        client.wait_for_ready(timeout=60)
+        yield RawKernel(proc, client)
+        tree = [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
+    finally:
+        client.stop_channels()
+        proc.send_signal(signal.SIGTERM)  # VS Code's dispose: SIGTERM, never SIGKILL
+        assert proc.wait(timeout=15) is not None
+    for pid in tree:
+        wait_until(lambda pid=pid: gone(pid), 5, f"process {pid} of the kernel's tree to end after SIGTERM")
+
+
+def test_sigint_to_the_launched_pid_interrupts_the_cell(raw: RawKernel) -> None:
+    msg_id = raw.client.execute("import time\nprint('sleeping', flush=True)\ntime.sleep(60)")
+    wait_until(lambda: raw.client.get_iopub_msg(timeout=10)["content"].get("text") == "sleeping\n", 30, "the cell")
+    os.kill(raw.proc.pid, signal.SIGINT)  # VS Code's Interrupt button: the pid it launched (the supervisor)
+    reply = raw.client.get_shell_msg(timeout=10)
+    assert reply["parent_header"]["msg_id"] == msg_id
+    assert reply["content"]["ename"] == "KeyboardInterrupt"
+    assert execute(raw.client, "print('still here')").stdout == "still here\n"
+
+
+def test_one_sigint_is_delivered_once(raw: RawKernel) -> None:
+    msg_id = raw.client.execute(COUNT_SIGINTS)
+    wait_until(lambda: raw.client.get_iopub_msg(timeout=10)["content"].get("text") == "counting\n", 30, "the cell")
+    os.kill(raw.proc.pid, signal.SIGINT)
+    text = ""
+    while "hits" not in text:
+        msg = raw.client.get_iopub_msg(timeout=10)
+        if msg["parent_header"].get("msg_id") == msg_id:
+            text += msg["content"].get("text", "")
+    assert text.strip() == "hits 1"
+
+
+def test_debug_cell_stops_at_a_breakpoint(raw: RawKernel) -> None:
+    """initialize -> attach -> dumpCell -> setBreakpoints -> configurationDone -> run -> stopped."""
+    info = raw.client.kernel_info(reply=True, timeout=10)["content"]
+    assert "debugger" in info["supported_features"]
+    initialized = raw.debug(
+        "initialize",
+        {"clientID": "vscode", "adapterID": "", "pathFormat": "path", "linesStartAt1": True, "columnsStartAt1": True},
+    )
+    assert initialized["success"], initialized
+    attached = raw.debug("attach")
+    assert attached["success"], attached
+    code = "def f(a, b):\n    c = a + b\n    return c\n\nf(2, 3)"
+    source = raw.debug("dumpCell", {"code": code})["body"]["sourcePath"]
+    breakpoints = raw.debug("setBreakpoints", {"breakpoints": [{"line": 2}], "source": {"path": source}})
+    assert breakpoints["body"]["breakpoints"][0]["verified"], breakpoints
+    assert raw.debug("configurationDone")["success"]
+    raw.client.execute(code)
+    stopped = None
+    while stopped is None:
+        msg = raw.client.get_iopub_msg(timeout=30)
+        if msg["header"]["msg_type"] == "debug_event" and msg["content"].get("event") == "stopped":
+            stopped = msg["content"]
+    assert stopped["body"]["reason"] == "breakpoint"
+    frames = raw.debug("stackTrace", {"threadId": stopped["body"]["threadId"]})["body"]["stackFrames"]
+    assert frames[0]["line"] == 2
+    assert raw.debug("continue", {"threadId": stopped["body"]["threadId"]})["success"]
+    assert raw.debug("disconnect", {"restart": False, "terminateDebuggee": True})["success"]
+    assert execute(raw.client, "print('after debugging')").stdout == "after debugging\n"
