@@ -27,7 +27,7 @@ from ipykernel.ipkernel import IPythonKernel
 from ivralo_kernel import __version__
 from ivralo_kernel.guards.network import hosts_tried_line
 from ivralo_kernel.kernel import api
-from ivralo_kernel.kernel.broker_client import BROKER
+from ivralo_kernel.kernel.broker_client import BROKER, HOST_CONNECT_TIMEOUT_S
 from ivralo_kernel.kernel.deadline import DeadlineNotices, InKernelWatchdog, SupervisorBackstop
 from ivralo_kernel.kernel.launch_state import STATE
 from ivralo_kernel.kernel.pip_magic import guarded_pip
@@ -58,6 +58,7 @@ class IvraloKernel(IPythonKernel):
         assert self.shell is not None
         self.shell.set_custom_exc((KeyboardInterrupt,), _show_interrupt)
         self._replacement_gate = _ReplacementGate() if os.environ.pop(names.ENV_REPLACEMENT, "") else None
+        self._host_gate = BROKER.comm_id is not None  # a host started us: wait for its hello first
         BROKER.publish = self._publish_broker_request
         original_pip = self.shell.find_line_magic("pip")
         if original_pip is not None and STATE.workspace:
@@ -98,10 +99,24 @@ class IvraloKernel(IPythonKernel):
         return info
 
     async def should_handle(self, stream: Any, msg: Any, idents: Any) -> bool:  # type: ignore[override]
+        """(shell requests only) Hold the first requests until the host hears us."""
         if self._replacement_gate is not None:
             await self._replacement_gate.wait()
             self._replacement_gate = None
+        if self._host_gate:
+            await self._wait_for_host()
         return bool(super().should_handle(stream, msg, idents))
+
+    async def _wait_for_host(self) -> None:
+        """A kernel started by an ivralo host serves no shell request before the host's hello: its
+        watchdog must see every execution start (the deadline, the broker's binding of a request to
+        a running execution), and a client that connects first could otherwise run a cell before the
+        host's IOPub subscription is live. Bounded: past it, requests go on and brokered calls fail
+        saying the host did not connect."""
+        until = time.monotonic() + HOST_CONNECT_TIMEOUT_S
+        while not BROKER.host_ready.is_set() and time.monotonic() < until:
+            await asyncio.sleep(0.005)
+        self._host_gate = False
 
     # -- execution -------------------------------------------------------------------------
     async def do_execute(  # type: ignore[override]
