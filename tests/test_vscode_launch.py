@@ -5,9 +5,11 @@ process table, the cell's own count of the signals it received."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -125,3 +127,71 @@ def test_debug_cell_stops_at_a_breakpoint(raw: RawKernel) -> None:
     assert raw.debug("continue", {"threadId": stopped["body"]["threadId"]})["success"]
     assert raw.debug("disconnect", {"restart": False, "terminateDebuggee": True})["success"]
     assert execute(raw.client, "print('after debugging')").stdout == "after debugging\n"
+
+
+def written_port(path: Path) -> int:
+    try:
+        return int(json.loads(path.read_text() or "{}").get("shell_port", 0))
+    except (OSError, ValueError):  # not there yet, or being written
+        return 0
+
+
+@pytest.mark.parametrize("given", ["ports 0", "no file yet"])
+def test_the_kernel_writes_its_connection_file(workspace: Path, tmp_path: Path, given: str) -> None:
+    """ipykernel picks the ports and writes them into the connection file (outside the workspace, in
+    Jupyter's runtime folder): the floor lets it write that one file."""
+    connection_file = tmp_path / "runtime" / "kernel-zero.json"
+    connection_file.parent.mkdir()
+    if given == "ports 0":
+        connection_file.write_text(
+            json.dumps(
+                {
+                    "ip": "127.0.0.1",
+                    "transport": "tcp",
+                    "key": "k" * 32,
+                    "signature_scheme": "hmac-sha256",
+                    "shell_port": 0,
+                    "iopub_port": 0,
+                    "stdin_port": 0,
+                    "control_port": 0,
+                    "hb_port": 0,
+                }
+            )
+        )
+    spec = KernelSpecManager().get_kernel_spec("ivralo")
+    argv = [part.format(connection_file=str(connection_file)) for part in spec.argv]
+    proc = subprocess.Popen(argv, cwd=workspace, stdin=subprocess.DEVNULL)
+    try:
+        wait_until(
+            lambda: written_port(connection_file) > 0,
+            60,
+            "the kernel to write its ports",
+        )
+        client = BlockingKernelClient(connection_file=str(connection_file))
+        client.load_connection_file()
+        client.start_channels()
+        try:
+            client.wait_for_ready(timeout=60)
+            assert execute(client, "print('up')").stdout == "up\n"
+        finally:
+            client.stop_channels()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=15) is not None
+
+
+def test_shutdown_from_an_atexit_hook(workspace: Path) -> None:
+    """A script that shuts its kernel down from atexit, as nbclient-based tools do at exit."""
+    script = (
+        "import atexit\n"
+        "from jupyter_client.manager import KernelManager\n"
+        "km = KernelManager(kernel_name='ivralo')\n"
+        f"km.start_kernel(cwd={str(workspace)!r})\n"
+        "print(km.provisioner.process.pid, flush=True)\n"
+        "atexit.register(km.shutdown_kernel, now=True)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=90)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "RuntimeError" not in done.stderr, done.stderr[-2000:]
+    supervisor = int(done.stdout.split()[0])
+    wait_until(lambda: gone(supervisor), 5, "the kernel's supervisor to be gone")

@@ -16,6 +16,7 @@ Each stage is reported to the supervisor; a failure is written to ``.ivralo/pyth
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import tempfile
@@ -155,6 +156,10 @@ def _connection_file() -> str | None:
             return None  # ipykernel will say what is wrong with the folder
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write("{}")
+    # jupyter_core's secure_write deletes the file and creates it 0600; the floor keeps the folder
+    # from changing, so the file stays, and a mode other than 0600 would make it refuse to write.
+    with contextlib.suppress(OSError):
+        os.chmod(path, 0o600)
     return path
 
 
