@@ -258,6 +258,8 @@ def main() -> None:
                 where = f"details in {write_failure(workspace, reporter.reached, exc)}"
             except OSError as log_error:
                 where = f"the log could not be written: {log_error}"
-        print(f"ivralo kernel failed to start: {exc!r} ({where})", file=sys.stderr)
-        raise SystemExit(1) from None
+        print(f"ivralo kernel failed to start: {exc!r} ({where})", file=sys.stderr, flush=True)
+        # Not SystemExit: ipykernel may have started threads already (IOPub, heartbeat) that would
+        # keep a failed kernel alive, and the host waiting for it, until its bootstrap budget ends.
+        os._exit(1)
     app.start()
