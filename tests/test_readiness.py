@@ -38,7 +38,7 @@ async def test_bootstrap_timeout_kills_and_explains(
     assert "no ivralo kernel_info_reply within the bootstrap budget" in error
     assert "(stalled)" in error, f"sleeping in a startup file is a stall, not starvation: {error}"
     assert "last stage: guards installed" in error
-    assert "stderr tail: [IvraloKernelApp]" in error, "the kernel's own stderr is quoted (user output goes to IOPub)"
+    assert "stderr tail: [IPKernelApp]" in error, "the kernel's own stderr is quoted (user output goes to IOPub)"
     log = (workspace / ".ivralo" / "python-worker.log").read_text()
     assert "it was stopped by the host before it was ready" in log
     assert str(workspace / ".ivralo" / "python-worker.log") in error

@@ -8,6 +8,8 @@
   reports a subscription, and a plain XPUB reports only the first subscriber of a topic: the host's
   watchdog subscribes first, and a client would never get its welcome (nor the watchdog, when a
   client was first: the watchdog needs its welcome to know it is heard).
+* Its log lines carry ipykernel's prefix (``[IPKernelApp] WARNING | ...``): clients recognise
+  ipykernel's known start-up lines by it (nbclient passes over the unencrypted-TCP warning).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 
 import zmq
 from ipykernel.kernelapp import IPKernelApp
+from traitlets import default
 
 HISTORY_IN_MEMORY = "--HistoryManager.hist_file=:memory:"
 _HISTORY_FLAG = "--HistoryManager.hist_file"
@@ -39,6 +42,11 @@ def without_history_file(argv: list[str]) -> list[str]:
 
 
 class IvraloKernelApp(IPKernelApp):  # type: ignore[misc]
+    @default("log_format")
+    def _log_format_default(self) -> str:
+        # traitlets names the logger after the class: "[IvraloKernelApp]" is a prefix no client knows.
+        return "[IPKernelApp]%(highlevel)s %(message)s"
+
     def initialize(self, argv: list[str] | None = None) -> None:
         super().initialize([*without_history_file(list(argv or [])), HISTORY_IN_MEMORY])
 
