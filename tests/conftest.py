@@ -18,10 +18,21 @@ from pathlib import Path
 
 import psutil
 import pytest
+from jupyter_client.blocking.client import BlockingKernelClient
+from jupyter_client.manager import KernelManager
 
 pytest_plugins = ("postgres",)  # tests/postgres.py: the pg_url fixture (a throwaway PostgreSQL server)
 
 PR_SET_CHILD_SUBREAPER = 36
+# Jupyter's (and IPython's, ivralo's, matplotlib's) folders, each moved under a private base.
+ISOLATED_DIRS = (
+    ("JUPYTER_CONFIG_DIR", "config"),
+    ("JUPYTER_DATA_DIR", "data"),
+    ("JUPYTER_RUNTIME_DIR", "runtime"),
+    ("IPYTHONDIR", "ipython"),
+    ("IVRALO_CONFIG_HOME", "ivralo-config"),
+    ("MPLCONFIGDIR", "mpl"),
+)
 CREDENTIAL_NAMES = ("IVRALO_TEST_API_KEY", "IVRALO_TEST_DB_PASSWORD", "SLACK_WEBHOOK_URL")
 
 
@@ -30,14 +41,7 @@ def pytest_configure(config: pytest.Config) -> None:
     # Isolate Jupyter's folders before anything imports jupyter_core: nothing lands in $HOME.
     base = Path(tempfile.mkdtemp(prefix="ivralo-tests-"))
     config._ivralo_base = base  # type: ignore[attr-defined]
-    for var, sub in (
-        ("JUPYTER_CONFIG_DIR", "config"),
-        ("JUPYTER_DATA_DIR", "data"),
-        ("JUPYTER_RUNTIME_DIR", "runtime"),
-        ("IPYTHONDIR", "ipython"),
-        ("IVRALO_CONFIG_HOME", "ivralo-config"),
-        ("MPLCONFIGDIR", "mpl"),
-    ):
+    for var, sub in ISOLATED_DIRS:
         (base / sub).mkdir()
         os.environ[var] = str(base / sub)
     os.environ["JUPYTER_PLATFORM_DIRS"] = "1"
@@ -106,6 +110,40 @@ def workspace(tmp_path: Path) -> Path:
     ws = tmp_path / "workspace"
     ws.mkdir()
     return ws
+
+
+@pytest.fixture
+def km(workspace: Path) -> Iterator[KernelManager]:
+    """An ivralo kernel started the way ``jupyter console`` starts one (provisioner attached)."""
+    manager = KernelManager(kernel_name="ivralo")
+    manager.start_kernel(cwd=str(workspace))
+    yield manager
+    if manager.has_kernel:
+        manager.shutdown_kernel(now=True)
+
+
+@pytest.fixture
+def kc(km: KernelManager) -> Iterator[BlockingKernelClient]:
+    client = km.client()
+    client.start_channels()
+    client.wait_for_ready(timeout=60)
+    yield client
+    client.stop_channels()
+
+
+def kill_tree(pid: int) -> None:
+    """A helper process and everything under it, each by pid (pytest, a subreaper, collects the orphans)."""
+    try:
+        root = psutil.Process(pid)
+        procs = [*root.children(recursive=True), root]
+    except psutil.NoSuchProcess:
+        return
+    for proc in procs:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(procs, timeout=10)
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> None:

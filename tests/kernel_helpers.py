@@ -51,3 +51,42 @@ def execute(kc: BlockingKernelClient, code: str, timeout: float = 30, **kwargs: 
         if reply["parent_header"].get("msg_id") == msg_id:
             result.reply = reply
             return result
+
+
+def answering(
+    kc: BlockingKernelClient, code: str, answers: list[str], timeout: float = 60, wait_s: float = 0.0
+) -> tuple[Executed, list[str]]:
+    """Execute with stdin allowed, answering each input request in turn (after ``wait_s``: a person
+    who takes their time; "" once the answers run out); returns what ran and the prompts seen."""
+    msg_id = kc.execute(code, allow_stdin=True)
+    prompts: list[str] = []
+    result = Executed(reply={})
+    deadline = time.monotonic() + timeout
+    idle = False
+    while not idle:
+        assert time.monotonic() < deadline, f"no idle; prompts {prompts}, stdout {result.stdout!r}"
+        try:
+            request = kc.get_stdin_msg(timeout=0.02)
+            prompts.append(request["content"]["prompt"])
+            if wait_s:
+                time.sleep(wait_s)  # the person reading the question: what some tests are about
+            kc.input(answers[len(prompts) - 1] if len(prompts) <= len(answers) else "")
+        except queue.Empty:
+            pass
+        try:
+            msg = kc.get_iopub_msg(timeout=0.02)
+        except queue.Empty:
+            continue
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        kind = msg["header"]["msg_type"]
+        if kind == "stream":
+            if msg["content"]["name"] == "stdout":
+                result.stdout += msg["content"]["text"]
+            else:
+                result.stderr += msg["content"]["text"]
+        elif kind == "status":
+            idle = msg["content"]["execution_state"] == "idle"
+        elif kind != "execute_input":
+            result.outputs.append(msg)
+    return result, prompts

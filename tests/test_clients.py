@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 
 import nbformat
-import pytest
 from conftest import gone, wait_until
 from jupyter_client import AsyncKernelManager, KernelManager
 from jupyter_client.blocking.client import BlockingKernelClient
@@ -19,24 +18,6 @@ from jupyter_client.connect import write_connection_file
 from jupyter_client.kernelspec import KernelSpecManager
 from kernel_helpers import execute
 from nbclient import NotebookClient
-
-
-@pytest.fixture
-def km(workspace: Path):
-    manager = KernelManager(kernel_name="ivralo")
-    manager.start_kernel(cwd=str(workspace))
-    yield manager
-    if manager.has_kernel:
-        manager.shutdown_kernel(now=True)
-
-
-@pytest.fixture
-def kc(km: KernelManager):
-    client = km.client()
-    client.start_channels()
-    client.wait_for_ready(timeout=60)
-    yield client
-    client.stop_channels()
 
 
 def test_console_path_keeps_variables_and_reports_ivralo(kc: BlockingKernelClient, workspace: Path) -> None:

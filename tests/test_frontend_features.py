@@ -6,70 +6,12 @@ allowed, Landlock on."""
 
 from __future__ import annotations
 
-import queue
-import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 from jupyter_client.blocking.client import BlockingKernelClient
 from jupyter_client.manager import KernelManager
-from kernel_helpers import Executed, execute
-
-
-@pytest.fixture
-def km(workspace: Path) -> Iterator[KernelManager]:
-    manager = KernelManager(kernel_name="ivralo")
-    manager.start_kernel(cwd=str(workspace))
-    yield manager
-    if manager.has_kernel:
-        manager.shutdown_kernel(now=True)
-
-
-@pytest.fixture
-def kc(km: KernelManager) -> Iterator[BlockingKernelClient]:
-    client = km.client()
-    client.start_channels()
-    client.wait_for_ready(timeout=60)
-    yield client
-    client.stop_channels()
-
-
-def answering(
-    kc: BlockingKernelClient, code: str, answers: list[str], timeout: float = 60
-) -> tuple[Executed, list[str]]:
-    """Execute with stdin allowed, answering each input request in turn; returns what ran and the prompts."""
-    msg_id = kc.execute(code, allow_stdin=True)
-    prompts: list[str] = []
-    result = Executed(reply={})
-    deadline = time.monotonic() + timeout
-    idle = False
-    while not idle:
-        assert time.monotonic() < deadline, f"no idle; prompts {prompts}, stdout {result.stdout!r}"
-        try:
-            request = kc.get_stdin_msg(timeout=0.02)
-            prompts.append(request["content"]["prompt"])
-            kc.input(answers[len(prompts) - 1] if len(prompts) <= len(answers) else "")
-        except queue.Empty:
-            pass
-        try:
-            msg = kc.get_iopub_msg(timeout=0.02)
-        except queue.Empty:
-            continue
-        if msg["parent_header"].get("msg_id") != msg_id:
-            continue
-        kind = msg["header"]["msg_type"]
-        if kind == "stream":
-            if msg["content"]["name"] == "stdout":
-                result.stdout += msg["content"]["text"]
-            else:
-                result.stderr += msg["content"]["text"]
-        elif kind == "status":
-            idle = msg["content"]["execution_state"] == "idle"
-        elif kind != "execute_input":
-            result.outputs.append(msg)
-    return result, prompts
+from kernel_helpers import answering, execute
 
 
 def test_shell_escapes_and_pip_run_in_a_pty(kc: BlockingKernelClient, workspace: Path) -> None:

@@ -26,8 +26,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
+from conftest import kill_tree
 from dns_stub_run import RESULT_MARKER
 
 HELPER = Path(__file__).with_name("dns_stub_run.py")
@@ -65,21 +65,6 @@ def namespaces_or_skip() -> None:
     if os.environ.get("CI"):
         pytest.fail(f"CI must run the DNS proof, but: {reason}")
     pytest.skip(reason)
-
-
-def kill_tree(pid: int) -> None:
-    """The helper and everything under it, each by pid (pytest, a subreaper, collects the orphans)."""
-    try:
-        root = psutil.Process(pid)
-        procs = [*root.children(recursive=True), root]
-    except psutil.NoSuchProcess:
-        return
-    for proc in procs:
-        try:
-            proc.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(procs, timeout=10)
 
 
 def run_in_namespaces(tmp_path: Path, workspace: Path) -> dict[str, Any]:

@@ -10,10 +10,8 @@ from __future__ import annotations
 import http.server
 import json
 import os
-import queue
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +20,7 @@ import nbformat
 import pexpect
 import pytest
 from jupyter_client.manager import KernelManager
+from kernel_helpers import answering
 from nbclient import NotebookClient
 
 from ivralo_kernel.cli.install import install
@@ -62,41 +61,16 @@ def deadline_kernel(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
 
 def run_answering(km: KernelManager, code: str, answers: list[str], wait_s: float = 0.0) -> dict[str, Any]:
     """Execute with stdin allowed; answer each input request in turn (after ``wait_s``: a person
-    who takes their time). Returns the prompts seen, stdout, and the reply status."""
+    who takes their time). Returns the prompts seen, the printed text, and the errors."""
     kc = km.client()
     kc.start_channels()
     try:
         kc.wait_for_ready(timeout=60)
-        msg_id = kc.execute(code, allow_stdin=True)
-        prompts: list[str] = []
-        stdout, state, errors = "", "busy", []
-        deadline = time.monotonic() + 60
-        while state != "idle":
-            assert time.monotonic() < deadline, f"no idle; prompts {prompts}, stdout {stdout!r}"
-            try:
-                request = kc.get_stdin_msg(timeout=0.05)
-                prompts.append(request["content"]["prompt"])
-                if wait_s:
-                    time.sleep(wait_s)  # the person reading the question: the subject of the test
-                kc.input(answers[len(prompts) - 1])
-            except queue.Empty:
-                pass
-            try:
-                msg = kc.get_iopub_msg(timeout=0.05)
-            except queue.Empty:
-                continue
-            if msg["parent_header"].get("msg_id") != msg_id:
-                continue
-            kind = msg["header"]["msg_type"]
-            if kind == "stream":
-                stdout += msg["content"]["text"]
-            elif kind == "error":
-                errors.append(f"{msg['content']['ename']}: {msg['content']['evalue']}")
-            elif kind == "status":
-                state = msg["content"]["execution_state"]
-        return {"prompts": prompts, "stdout": stdout, "errors": errors}
+        done, prompts = answering(kc, code, answers, wait_s=wait_s)
     finally:
         kc.stop_channels()
+    errors = [f"{o['content']['ename']}: {o['content']['evalue']}" for o in done.outputs if "ename" in o["content"]]
+    return {"prompts": prompts, "stdout": done.stdout + done.stderr, "errors": errors}
 
 
 def test_the_person_answers_yes_and_the_deadline_waits(workspace: Path, port: int, deadline_kernel: str) -> None:

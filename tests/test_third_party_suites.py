@@ -19,8 +19,8 @@ import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-import psutil
 import pytest
+from conftest import ISOLATED_DIRS, kill_tree
 
 from ivralo_kernel.cli.install import install
 
@@ -31,14 +31,6 @@ SDISTS = {  # name: (version, sha256 of the sdist on PyPI)
     "nbclient": ("0.11.0", "04a134a5b087f2c5887f228aca155db50169b8cd9334dee6942c8e927e56081a"),
     "papermill": ("2.7.0", "ec10b37594a060662f57269e1ebd108c209d204450f00fdfeb70a1c7cfb7fbc8"),
 }
-ISOLATED_DIRS = (
-    ("JUPYTER_CONFIG_DIR", "config"),
-    ("JUPYTER_DATA_DIR", "data"),
-    ("JUPYTER_RUNTIME_DIR", "runtime"),
-    ("IPYTHONDIR", "ipython"),
-    ("IVRALO_CONFIG_HOME", "ivralo-config"),
-    ("MPLCONFIGDIR", "mpl"),
-)
 RANK = {"passed": 0, "skipped": 1, "failed": 2, "error": 3}
 
 
@@ -103,19 +95,6 @@ def suite_env(base: Path, kernel: str, names: tuple[str, ...] = ("python3",)) ->
     return env
 
 
-def _kill_tree(pid: int) -> None:
-    try:
-        root = psutil.Process(pid)
-        procs = [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return
-    for proc in procs:
-        try:
-            proc.kill()
-        except psutil.NoSuchProcess:
-            pass
-
-
 def run_suite(root: Path, args: list[str], env: dict[str, str], timeout: float) -> dict[str, tuple[str, str]]:
     """Run the suite's pytest in ``root``; return {test id: (outcome, failure text)}."""
     report = root / "ivralo-report.xml"
@@ -128,7 +107,7 @@ def run_suite(root: Path, args: list[str], env: dict[str, str], timeout: float) 
     try:
         output, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        _kill_tree(proc.pid)
+        kill_tree(proc.pid)
         output, _ = proc.communicate()
         pytest.fail(f"{root.name} did not finish within {timeout} s:\n{output[-6000:]}")
     print(f"{root.name}: pytest exited {proc.returncode} after {time.monotonic() - start:.0f} s")

@@ -195,3 +195,12 @@ def test_shutdown_from_an_atexit_hook(workspace: Path) -> None:
     assert "RuntimeError" not in done.stderr, done.stderr[-2000:]
     supervisor = int(done.stdout.split()[0])
     wait_until(lambda: gone(supervisor), 5, "the kernel's supervisor to be gone")
+
+
+def test_a_shell_cannot_rewrite_a_complete_connection_file(raw: RawKernel, tmp_path: Path) -> None:
+    """Judged on the file: the floor names the connection file only when ipykernel must write it."""
+    connection_file = tmp_path / "kernel-v3-raw.json"
+    before = connection_file.read_bytes()
+    code = f"import subprocess\nprint(subprocess.run(['sh', '-c', 'echo x >> {connection_file}']).returncode)"
+    assert execute(raw.client, code).stdout != "0\n"
+    assert connection_file.read_bytes() == before

@@ -11,20 +11,12 @@ like any host.
 
 from __future__ import annotations
 
-import ipaddress
 import os
+
+from ivralo_kernel.protocol.egress import is_loopback
 
 _LISTEN = "0A"  # TCP_LISTEN in /proc/net/tcp's "st" column
 _TABLES = ("/proc/net/tcp", "/proc/net/tcp6")
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost" or host.endswith(".localhost"):
-        return True
-    try:
-        return ipaddress.ip_address(host.split("%", 1)[0]).is_loopback
-    except ValueError:
-        return False
 
 
 def _listening_inodes(port: int) -> set[str]:

@@ -87,7 +87,7 @@ class Watchdog:
         self.broker = broker
         self.comm_id = comm_id or uuid.uuid4().hex  # the kernel got it at launch (IVRALO_BROKER_COMM)
         self.broker_ready = threading.Event()  # the kernel answered our hello: requests flow both ways
-        self._hello: tuple[str, float] | None = None  # the hello in flight, and when to send it again
+        self._next_hello = 0.0  # when to (re)send the broker hello, until the kernel answers it
         self._outbox: queue.SimpleQueue[tuple[str, dict[str, Any]]] = queue.SimpleQueue()
         # Answers come from other threads (a brokered call, a person); a byte here wakes the poll at once.
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -203,9 +203,9 @@ class Watchdog:
         if self.broker is None or self.broker_ready.is_set() or not self.observer.ready:
             return
         now = self._clock()
-        if self._hello is None or now >= self._hello[1]:
-            sent = self._send(control, names.MSG_BROKER_HELLO, {"comm_id": self.comm_id})
-            self._hello = (sent, now + HELLO_RETRY_S)
+        if now >= self._next_hello:
+            self._send(control, names.MSG_BROKER_HELLO, {"comm_id": self.comm_id})
+            self._next_hello = now + HELLO_RETRY_S
 
     def _drain(self, socket: zmq.Socket[Any], handle: Callable[[dict[str, Any]], None]) -> None:
         while True:

@@ -17,6 +17,7 @@ Each stage is reported to the supervisor; a failure is written to ``.ivralo/pyth
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import sys
 import tempfile
@@ -44,6 +45,7 @@ from ivralo_kernel.protocol.trust import is_trusted
 # ``%pip`` through a pty (pexpect): the master is opened on /dev/ptmx, the child side in /dev/pts/.
 DEVICE_FILES = ("/dev/null", "/dev/tty", "/dev/ptmx")
 DEVICE_TREES = ("/dev/pts",)
+_CHANNELS = ("shell", "iopub", "stdin", "control", "hb")
 
 
 def _load_dotenv(workspace: str) -> bool:
@@ -143,13 +145,22 @@ def _connection_file() -> str | None:
 
     ipykernel rewrites the file when its ports are 0 (it picks them), and writes it when there is none
     yet. It lives in Jupyter's runtime folder, outside the workspace, so the Landlock floor names the
-    file itself (never the folder, which holds other kernels' files). A missing one is created empty
-    first, so that there is a file to name: ipykernel reads ``{}`` as "nothing given" and fills it in.
+    file itself (never the folder, which holds other kernels' files), and only when ipykernel will
+    write it: otherwise a shell in the kernel could rewrite it. A missing one is created empty first,
+    so that there is a file to name: ipykernel reads ``{}`` as "nothing given" and fills it in.
     """
     path = _connection_file_arg()
     if not path:
         return None
-    if not os.path.exists(path):
+    if os.path.exists(path):
+        try:
+            with open(path, encoding="utf-8") as f:
+                given = json.load(f)
+        except (OSError, ValueError):
+            return None  # ipykernel will say what is wrong with it
+        if isinstance(given, dict) and all(given.get(f"{channel}_port") for channel in _CHANNELS):
+            return None  # every port given: ipykernel leaves the file as it is
+    else:
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         except OSError:

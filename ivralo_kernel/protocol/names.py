@@ -26,7 +26,11 @@ ENV_LANDLOCK: Final = "IVRALO_LANDLOCK"  # "off" turns the OS write floor off (t
 ENV_LANDLOCK_NETWORK: Final = "IVRALO_LANDLOCK_NETWORK"  # "on": the TCP connect floor (off by default)
 ENV_TMPDIR: Final = "IVRALO_TMPDIR"  # the kernel's private temp folder, made and removed by the supervisor
 ENV_INTERRUPT_GRACE_MS: Final = "IVRALO_INTERRUPT_GRACE_MS"
-# The id of the broker comm, chosen by the host before launch (no comm_open on shell: see COMM_TARGET).
+# The id of the broker comm, chosen by the host before launch. Nothing about the comm travels on
+# shell, where a client's first execute_request could overtake a comm_open, and no frontend ever sees
+# it opened (a frontend closes comms whose target it does not know). Requests travel as comm_msg on
+# IOPub (topic ``comm-<id>``), tied to the running execution by their parent header; answers come
+# back as control messages.
 ENV_BROKER_COMM: Final = "IVRALO_BROKER_COMM"
 # Set by the supervisor only: the pipe the kernel reports its start-up stages on, and the
 # supervisor's pid (the kernel's parent poller follows it through JPY_PARENT_PID too).
@@ -69,12 +73,7 @@ MSG_BROKER_REPLY: Final = "ivralo_broker_reply"  # the host's answer to a broker
 MSG_BROKER_HELLO: Final = "ivralo_broker_hello"  # {"comm_id"} -> ivralo_broker_hello_reply {"status"}
 CONTROL_MSG_TYPES: Final = (MSG_DEADLINE_NOTICE, MSG_STATUS_REQUEST, MSG_BROKER_REPLY, MSG_BROKER_HELLO)
 
-# The broker comm. Its id is handed to the kernel at launch (ENV_BROKER_COMM), so nothing about
-# it travels on shell, where a client's first execute_request could overtake a comm_open; no
-# frontend ever sees it opened (a frontend closes comms whose target it does not know). Requests
-# travel as comm_msg on IOPub (topic ``comm-<id>``), tied to the running execution by their parent
-# header; answers come back as control messages.
-COMM_TARGET: Final = "ivralo.broker"
+# What a broker request asks for (ENV_BROKER_COMM says how it travels).
 BROKER_EGRESS: Final = "egress"  # {"host", "port", "person": bool} -> {"allowed", "reason"} | {"ask_person", ...}
 # The person's answer to an "ask_person" reply, relayed from the cell's stdin: {"host", "port", "choice"}.
 BROKER_EGRESS_ANSWER: Final = "egress_answer"
