@@ -38,6 +38,7 @@ from ivralo_kernel.protocol import names
 
 CONTROL_ANSWER_S = 0.1  # how long the kernel has to act on a deadline notice itself
 HELLO_RETRY_S = 0.5  # the broker hello is sent again until the kernel answers it
+RECONNECT_IVL_MS = 10  # how often our sockets retry a kernel that is not bound yet
 REPLY_MARGIN_S = 0.05  # how much longer its answer may take to reach us
 KEEP_OUTCOMES = 64
 
@@ -146,6 +147,9 @@ class Watchdog:
 
     def _run(self) -> None:
         context = zmq.Context()
+        # We connect before the kernel binds, and the kernel serves nobody before our hello: retry
+        # every 10 ms, not libzmq's 100, so that a new kernel's first request is not held for it.
+        context.setsockopt(zmq.RECONNECT_IVL, RECONNECT_IVL_MS)
         iopub = context.socket(zmq.SUB)
         # Everything, as a client does: a welcome for another topic would reach the clients too.
         iopub.setsockopt(zmq.SUBSCRIBE, b"")
