@@ -6,12 +6,20 @@ allowed, Landlock on."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import sysconfig
+import zipfile
 from pathlib import Path
 from typing import Any
 
+import pytest
 from jupyter_client.blocking.client import BlockingKernelClient
 from jupyter_client.manager import KernelManager
 from kernel_helpers import answering, execute
+
+from ivralo_kernel.cli.install import install
 
 
 def test_shell_escapes_and_pip_run_in_a_pty(kc: BlockingKernelClient, workspace: Path) -> None:
@@ -130,3 +138,54 @@ def test_restart_gives_a_fresh_guarded_kernel(km: KernelManager, kc: BlockingKer
     assert after["pid"] != before and after["layers"]["write_guard"] == "audit hook"
     gone = execute(kc, "print('x' in globals())")
     assert gone.stdout == "False\n"
+
+
+def _tiny_wheel(folder: Path) -> Path:
+    """A pure-Python wheel made by hand (no build backend, no index): ``ivralo_tiny`` 1.0."""
+    wheel = folder / "ivralo_tiny-1.0-py3-none-any.whl"
+    files = {
+        "ivralo_tiny/__init__.py": "ANSWER = 42\n",
+        "ivralo_tiny-1.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: ivralo-tiny\nVersion: 1.0\n",
+        "ivralo_tiny-1.0.dist-info/WHEEL": (
+            "Wheel-Version: 1.0\nGenerator: hand\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+        ),
+    }
+    record = [f"{name},," for name in files] + ["ivralo_tiny-1.0.dist-info/RECORD,,"]
+    with zipfile.ZipFile(wheel, "w") as zf:
+        for name, text in files.items():
+            zf.writestr(name, text)
+        zf.writestr("ivralo_tiny-1.0.dist-info/RECORD", "\n".join(record) + "\n")
+    return wheel
+
+
+def test_pip_install_into_the_projects_own_venv_works(
+    workspace: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A project's .venv inside the workspace: %pip install writes there, as in any kernel. The venv
+    sees ivralo and its dependencies through a .pth file (no copy, no download); the package comes
+    from a local wheel (no index). Judged on the files in the venv."""
+    venv = workspace / ".venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=60)
+    site = Path(sysconfig.get_paths(vars={"base": str(venv), "platbase": str(venv)})["purelib"])
+    # addsitedir, not a bare path: the outer site's own .pth files (the editable install) apply too.
+    (site / "outer.pth").write_text(f"import site; site.addsitedir({sysconfig.get_paths()['purelib']!r})\n")
+    wheels = workspace / "wheels"
+    wheels.mkdir()
+    _tiny_wheel(wheels)
+    prefix = tmp_path / "prefix"
+    install(prefix=str(prefix), name="ivralo-project", python=str(venv / "bin" / "python"))
+    monkeypatch.setenv("JUPYTER_PATH", f"{prefix}/share/jupyter{os.pathsep}{os.environ['JUPYTER_PATH']}")
+    manager = KernelManager(kernel_name="ivralo-project")
+    manager.start_kernel(cwd=str(workspace))
+    client = manager.client()
+    client.start_channels()
+    try:
+        client.wait_for_ready(timeout=60)
+        done = execute(client, "%pip install --no-index --find-links wheels ivralo-tiny", timeout=120)
+        assert done.status == "ok", (done.stdout, done.stderr, done.reply["content"])
+        assert "Successfully installed ivralo-tiny-1.0" in done.stdout, done.stdout
+        assert execute(client, "import ivralo_tiny\nprint(ivralo_tiny.ANSWER)").stdout == "42\n"
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)
+    assert (site / "ivralo_tiny" / "__init__.py").read_text() == "ANSWER = 42\n"
