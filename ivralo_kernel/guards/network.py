@@ -2,7 +2,7 @@
 anywhere, not even to DNS (changes process state through the audit hook it installs).
 
 Lookups (``socket.getaddrinfo``, ``gethostbyname*``) are judged by name; IP literals pass the
-lookup and are judged at ``connect``/``connect_ex``/``sendto``, where an address that came from an
+lookup and are judged at ``connect``/``connect_ex``/``sendto``/``sendmsg``, where an address that came from an
 allowed name is allowed. The audit hook sees ``_socket`` and ``importlib.reload(socket)`` too.
 A refusal is a ``socket.gaierror`` carrying the reason, so urllib, requests, httpx and asyncio fail
 the way they already know how to. The judge (who asks the host) is injected by the kernel room.
@@ -26,7 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ivralo_kernel.guards.local_links import LocalLinks
-from ivralo_kernel.protocol.egress import PORTS_OF_A_HOST_WITHOUT_PORT
+from ivralo_kernel.protocol.egress import PORTS_OF_A_HOST_WITHOUT_PORT, is_loopback
 
 Judge = Callable[[str, "int | None"], "tuple[bool, str]"]
 _own = threading.local()
@@ -55,8 +55,17 @@ def _host(value: Any) -> str | None:
 
 
 class NetworkGuard:
-    def __init__(self, judge: Judge, tcp_floor: tuple[int, ...] | None = None, local: LocalLinks | None = None) -> None:
+    def __init__(
+        self,
+        judge: Judge,
+        tcp_floor: tuple[int, ...] | None = None,
+        local: LocalLinks | None = None,
+        direct_refusal: str | None = None,
+    ) -> None:
         self._judge = judge
+        # In an OS sandbox without a network: every direct link but the kernel's own is refused with
+        # this text (``{host}`` filled in), asking nobody; the host's egress proxy is the way out.
+        self.direct_refusal = direct_refusal
         self.local = local  # the kernel's own loopback links are not judged (see local_links)
         self.tcp_floor = tcp_floor  # ports the OS lets this kernel connect to; None: no floor
         self.starting = True
@@ -74,7 +83,11 @@ class NetworkGuard:
             self._lookup(_host(args[0]), _port(args[1]))
         elif event in ("socket.gethostbyname", "socket.gethostbyname_ex"):
             self._lookup(_host(args[0]), None)
-        elif event in ("socket.connect", "socket.sendto"):
+        elif event == "socket.gethostbyaddr":  # a PTR query goes to DNS like any lookup
+            host = _host(args[0])
+            if host is not None and not is_loopback(host) and host != _host(socket.gethostname()):
+                self._connect(host, None)
+        elif event in ("socket.connect", "socket.sendto", "socket.sendmsg"):
             address = args[1]
             if isinstance(address, tuple) and len(address) >= 2:  # AF_INET / AF_INET6; AF_UNIX is a path
                 host, port = _host(address[0]), _port(address[1])
@@ -106,8 +119,15 @@ class NetworkGuard:
         raise PermissionError(errno.EACCES, floor_refusal(host, port, floor))
 
     def _decide(self, host: str, port: int | None) -> None:
-        if self.local is not None and self.local.own(host, port):
+        if self.direct_refusal is None and self.local is not None and self.local.own(host, port):
             return  # the kernel talking to itself (a forked child, the debugger, a local cluster)
+        if self.direct_refusal is not None:
+            if is_loopback(host):
+                # The sandbox's loopback is its own (the relay, the debugger, a local cluster): the
+                # person's machine is reached only through the proxy, so nothing here is judged.
+                return
+            self._note(host, port, "refused (no direct network in the sandbox)")
+            raise socket.gaierror(socket.EAI_NONAME, self.direct_refusal.format(host=host))
         key = (host, port)
         decision = self._decisions.get(key)
         if decision is None:
@@ -145,6 +165,10 @@ class NetworkGuard:
         if outcome not in seen:
             seen.append(outcome)
 
+    def note_proxied(self, host: str, port: int | None, allowed: bool, reason: str) -> None:
+        """What the host's egress proxy decided for this execution (a subprocess's request too)."""
+        self._note(host, port, f"{'allowed' if allowed else 'refused'} ({reason})")
+
     @property
     def attempts(self) -> dict[str, str]:
         """host -> what became of it: ``allowed (hosts.allow)``, or several ``; port N ...`` parts."""
@@ -176,11 +200,15 @@ def floor_refusal(host: str, port: int, floor: tuple[int, ...]) -> str:
 
 
 def install_network_guard(
-    judge: Judge, tcp_floor: tuple[int, ...] | None = None, tree_root: int | None = None
+    judge: Judge,
+    tcp_floor: tuple[int, ...] | None = None,
+    tree_root: int | None = None,
+    direct_refusal: str | None = None,
 ) -> NetworkGuard:
     """``tcp_floor``: the ports the Landlock TCP floor allows, when one is in force. ``tree_root``: the
-    process whose tree is the kernel's own (its supervisor); loopback ports it listens on are not judged."""
-    guard = NetworkGuard(judge, tcp_floor, LocalLinks(tree_root) if tree_root else None)
+    process whose tree is the kernel's own (its supervisor); loopback ports it listens on are not judged.
+    ``direct_refusal``: the kernel runs in a sandbox without a network (see ``NetworkGuard``)."""
+    guard = NetworkGuard(judge, tcp_floor, LocalLinks(tree_root) if tree_root else None, direct_refusal)
     sys.addaudithook(guard)
     return guard
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, fields
 from ivralo_kernel.protocol import ConfigError
 
 GIB = 1 << 30
+SANDBOX_MODES = ("auto", "required", "off")
 _FLAGS = ("interrupt_before_kill", "landlock_network")  # True or False, nothing else
 
 
@@ -34,10 +35,19 @@ class WorkerConfig:
     # The Landlock TCP floor: subprocesses and native code connect only to the allowed hosts' ports.
     # Off by default: it also refuses the kernel's own loopback links (debugger, forked children).
     landlock_network: bool = False
+    # The OS sandbox (bubblewrap): "auto" where it can be built, "required", or "off" (see
+    # IvraloProvisioner.sandbox). Off by default for now, as for the provisioner.
+    sandbox: str = "off"
 
     def __post_init__(self) -> None:
+        if self.sandbox not in SANDBOX_MODES:
+            raise ConfigError(
+                "sandbox", f"{self.sandbox!r} is not one of {', '.join(SANDBOX_MODES)}", "Pick one of them"
+            )
         for f in fields(self):
             value = getattr(self, f.name)
+            if f.name == "sandbox":
+                continue
             if f.name in _FLAGS:
                 if not isinstance(value, bool):
                     raise ConfigError(f.name, f"{value!r} is not True or False", "Pass a bool")

@@ -5,6 +5,11 @@ Who is asked about an unknown host: an agent's ``ask`` callback (called here, on
 or else the person at the notebook or console, through the running cell's input prompt: the reply
 then says "ask the person", the kernel prompts, and relays the answer, which only counts for a
 question this desk asked in that execution. Nobody to ask: refused.
+
+Questions come two ways: from the kernel's network guard (``judge``, a broker request) and from the
+egress proxy of a sandboxed kernel (``decide``, blocking on the proxy's connection thread: curl in a
+subprocess asks too). One question per host is open at a time; whoever else wants the same host
+waits for that answer.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +32,10 @@ __all__ = ["Asker", "EgressDesk", "EgressPolicy", "allow_always", "load_egress_p
 Asker = Callable[[str, tuple[str, ...]], str]
 Reply = Callable[[dict[str, Any]], None]
 Pause = Callable[[bool], None]
+Prompt = Callable[[dict[str, Any]], None]  # shows a question at the running cell's input prompt
+Decision = tuple[bool, str]
+PERSON_ANSWER_TIMEOUT_S = 600.0  # as the kernel's own wait (egress_judge.EGRESS_ANSWER_TIMEOUT_S)
+NOBODY_TO_ASK = "nobody to ask: no cell is running whose input prompt could show the question"
 log = logging.getLogger(__name__)
 
 
@@ -63,6 +73,8 @@ class EgressDesk:
         self.workspace, self.trusted, self.asker = workspace, trusted, asker
         self._granted: dict[str, bool] = {}  # answers given for this worker's life
         self._asked_person: set[tuple[str, str]] = set()  # (execution, host) waiting for the person
+        self._open: dict[str, Future[Decision]] = {}  # host -> the proxy's open question about it
+        self._lock = threading.Lock()
 
     @property
     def choices(self) -> tuple[str, ...]:
@@ -93,7 +105,61 @@ class EgressDesk:
             return
         self._asked_person.discard((execution, host))
         pause(False)
-        reply(self._record(host, choice if choice in self.choices else "no"))
+        if payload.get("unavailable") is True:  # the cell could not show the question
+            answer = {"allowed": False, "reason": NOBODY_TO_ASK}
+        else:
+            answer = self._record(host, choice if choice in self.choices else "no")
+        with self._lock:
+            question = self._open.get(host)
+        if question is not None and not question.done():
+            question.set_result((bool(answer["allowed"]), str(answer["reason"])))
+        reply(answer)
+
+    def decide(self, host: str, port: int, execution: str | None, prompt: Prompt | None, pause: Pause) -> Decision:
+        """(the egress proxy's thread; blocks) Judge ``host:port`` for a sandboxed kernel's traffic."""
+        host = host.lower().rstrip(".")
+        allowed, reason = load_egress_policy(self.workspace, os.environ).judge(host, port)
+        if allowed is not None:
+            return allowed, reason
+        with self._lock:
+            if host in self._granted:
+                return self._granted[host], "answered earlier"
+            question = self._open.get(host)
+            mine = question is None or question.done()
+            if mine:
+                question = self._open[host] = Future()
+        assert question is not None
+        if mine:
+            self._ask_for_proxy(host, port, execution, prompt, pause, question)
+        try:
+            return question.result(timeout=PERSON_ANSWER_TIMEOUT_S + 5)
+        except TimeoutError:
+            return False, "nobody answered in time"
+        finally:
+            with self._lock:
+                if self._open.get(host) is question and question.done():
+                    del self._open[host]
+
+    def _ask_for_proxy(
+        self,
+        host: str,
+        port: int,
+        execution: str | None,
+        prompt: Prompt | None,
+        pause: Pause,
+        question: Future[Decision],
+    ) -> None:
+        if self.asker is not None:
+            box: list[dict[str, Any]] = []
+            self._ask_agent(self.asker, host, box.append, pause)
+            question.set_result((bool(box[0]["allowed"]), str(box[0]["reason"])))
+        elif execution is None or prompt is None:
+            question.set_result((False, NOBODY_TO_ASK))
+        else:
+            self._asked_person.add((execution, host))
+            pause(True)  # resumed when the answer comes
+            text = f"Code in this cell wants to reach {host} (port {port})"
+            prompt({"host": host, "port": port, "question": text, "choices": list(self.choices)})
 
     def _ask_agent(self, asker: Asker, host: str, reply: Reply, pause: Pause) -> None:
         pause(True)  # the time the person takes does not count against the deadline

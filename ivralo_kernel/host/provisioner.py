@@ -12,9 +12,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
 import stat
 import tempfile
+import threading
 import time
 import uuid
 from typing import Any
@@ -26,7 +28,11 @@ from traitlets import Bool, Int, List, Unicode, validate
 
 from ivralo_kernel.host.announce import answer_lost_execution
 from ivralo_kernel.host.broker import BrokerResponder
+from ivralo_kernel.host.egress_proxy import EgressProxy
 from ivralo_kernel.host.escalation import DeadlinePolicy
+from ivralo_kernel.host.kernelspec import SUPERVISOR_MODULE
+from ivralo_kernel.host.processes import find_in_tree, host_pid
+from ivralo_kernel.host.sandbox import MODES, TOOL_FILES_DEFAULT, SandboxPlan, availability, prepare_workspace
 from ivralo_kernel.host.watchdog import Loss, Watchdog, WatchdogSettings
 from ivralo_kernel.protocol import KernelPolicy, database_env_names, names, scrub
 from ivralo_kernel.protocol.trust import is_trusted
@@ -34,6 +40,11 @@ from ivralo_kernel.protocol.trust import is_trusted
 # How long the supervisor gets to end the tree after being asked, before we SIGKILL what we see.
 SUPERVISOR_KILL_BUDGET_S = 3.0
 SIGNAL_KILL_NOW = signal.SIGUSR1  # the supervisor's "kill the tree now" (see supervisor.run)
+PROXY_URL = f"http://127.0.0.1:{names.RELAY_PORT}"
+# How long the proxy waits for the kernel to note a decision (a kernel whose native code holds the
+# GIL cannot answer; the connection goes on anyway after this).
+EGRESS_NOTE_WAIT_S = 2.0
+PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")
 
 
 class IvraloProvisioner(LocalProvisioner):  # type: ignore[misc]
@@ -66,6 +77,21 @@ class IvraloProvisioner(LocalProvisioner):  # type: ignore[misc]
         "starts: a host allowed later on another port needs a restart. Off by default: the floor knows "
         "ports, not addresses, so it also refuses the kernel's own loopback links, whose ports are picked "
         "at run time (a forked child's output, the debugger, a local cluster). Off when landlock is off.",
+    )
+    sandbox = Unicode(
+        "off",
+        config=True,
+        help="The OS sandbox (bubblewrap) each kernel lives in. auto: used where it can be built, else the "
+        "kernel runs with the Python guards and Landlock only, and says so; required: a kernel that cannot "
+        "have it does not start; off: never. Off by default until every client path is proven inside it "
+        "(issue 11 is under way); kernels installed with --sandbox auto or required get it now.",
+    )
+    tool_files = List(
+        Unicode(),
+        list(TOOL_FILES_DEFAULT),
+        config=True,
+        help="Files and folders in the workspace that other tools run or read by themselves (an editor's "
+        "tasks, direnv): read-only in the sandbox, like .git, .ivralo and databases.json.",
     )
     deadline_ms = Int(
         0,
@@ -110,6 +136,18 @@ class IvraloProvisioner(LocalProvisioner):  # type: ignore[misc]
     broker: BrokerResponder | None = None
     _launch_args: tuple[list[str], dict[str, Any]] | None = None
     _replacing = False
+    sandboxed = False  # the running kernel lives in a bwrap sandbox
+    sandbox_reason = ""  # why not, when it does not
+    egress_proxy: EgressProxy | None = None
+    _sandbox_dir: str | None = None
+    _supervisor: int | None = None
+
+    @validate("sandbox")
+    def _valid_sandbox(self, proposal: Any) -> str:
+        value = str(proposal["value"])
+        if value not in MODES:
+            raise ValueError(f"sandbox must be one of {', '.join(MODES)}, got {value!r}")
+        return value
 
     @validate("role")
     def _valid_role(self, proposal: Any) -> str:
@@ -143,8 +181,11 @@ class IvraloProvisioner(LocalProvisioner):  # type: ignore[misc]
         )
 
     async def pre_launch(self, **kwargs: Any) -> dict[str, Any]:
-        kwargs = await super().pre_launch(**kwargs)
         policy = self.policy_for(str(kwargs.get("cwd") or os.getcwd()))
+        bwrap = self._choose_sandbox()
+        if bwrap is not None:
+            self._use_ipc()
+        kwargs = await super().pre_launch(**kwargs)
         original_env = dict(kwargs["env"])
         db_names, problems = database_env_names(policy.workspace, kwargs["env"])
         env, removed = scrub(kwargs["env"], db_names)
@@ -174,7 +215,113 @@ class IvraloProvisioner(LocalProvisioner):  # type: ignore[misc]
         env[names.ENV_WORKSPACE] = policy.workspace
         kwargs["env"] = env
         kwargs["cwd"] = policy.workspace
+        self._supervisor = None
+        if bwrap is None:
+            env[names.ENV_SANDBOX] = self.sandbox_reason
+            return kwargs
+        kwargs["cmd"] = self._sandboxed(bwrap, policy.workspace, list(kwargs["cmd"]), env)
         return kwargs
+
+    def _choose_sandbox(self) -> str | None:
+        """The bwrap to build this kernel's sandbox with, or None (and why, in ``sandbox_reason``)."""
+        if self.sandbox == "off":
+            bwrap, why = None, "turned off by the host's settings (sandbox='off')"
+        else:
+            bwrap, why = availability()
+        if bwrap is None and self.sandbox == "required":
+            raise RuntimeError(
+                f"ivralo: this kernel must run in an OS sandbox (sandbox='required'), but {why}. Install "
+                "bubblewrap or allow user namespaces, or set sandbox='auto' to run with the Python guards "
+                "and Landlock only."
+            )
+        self.sandboxed, self.sandbox_reason = bwrap is not None, why
+        return bwrap
+
+    def _use_ipc(self) -> None:
+        """The kernel's Jupyter sockets become files in its own runtime folder (the sandbox has a
+        network namespace of its own: a TCP port bound inside is not reachable from here)."""
+        if self._sandbox_dir is None:
+            self._sandbox_dir = tempfile.mkdtemp(prefix="ivralo-")  # short: sun_path holds 107 bytes
+            os.makedirs(os.path.join(self._sandbox_dir, "run"), mode=0o700)
+            with open(os.path.join(self._sandbox_dir, "empty"), "w", encoding="utf-8"):
+                pass
+            os.chmod(os.path.join(self._sandbox_dir, "empty"), 0o444)
+        km = self.parent
+        if km is None:
+            return
+        ip = os.path.join(self._sandbox_dir, "run", "kernel")
+        if km.transport == "ipc" and km.ip == ip:
+            return  # a restart: the same sockets again
+        if getattr(km, "_connection_file_written", False):
+            km.cleanup_connection_file()  # written for TCP by a host that did it early
+        km.transport, km.ip, km.cache_ports = "ipc", ip, False
+
+    def _sandboxed(self, bwrap: str, workspace: str, cmd: list[str], env: dict[str, str]) -> list[str]:
+        assert self._sandbox_dir is not None
+        run_dir = os.path.join(self._sandbox_dir, "run")
+        prepare_workspace(workspace)
+        if self.egress_proxy is None:
+            self.egress_proxy = EgressProxy(os.path.join(run_dir, "egress.sock"), self._decide_egress)
+            self.egress_proxy.start()
+        env[names.ENV_SANDBOX] = names.SANDBOX_BWRAP
+        env[names.ENV_EGRESS_SOCKET] = self.egress_proxy.path
+        env[names.ENV_RELAY_PORT] = str(names.RELAY_PORT)
+        env.update(dict.fromkeys(PROXY_VARIABLES, PROXY_URL))
+        env["NO_PROXY"] = env["no_proxy"] = ""  # localhost too: the relay knows which one is meant
+        connection_file = str(getattr(self.parent, "connection_file", "") or "")
+        plan = SandboxPlan(
+            bwrap=bwrap,
+            workspace=workspace,
+            run_dir=run_dir,
+            empty_file=os.path.join(self._sandbox_dir, "empty"),
+            read_only_files=tuple(p for p in (connection_file, self.policy_file) if p),
+            tool_files=tuple(self.tool_files),
+            env=env,
+            jupyter_runtime_dir=os.path.dirname(connection_file) or None,
+            scratch_overlays=(_ipython_dir(env),),
+        )
+        return plan.argv(cmd)
+
+    def _decide_egress(self, host: str, port: int) -> tuple[bool, str]:
+        """(the egress proxy's thread) The same policy and the same people as the guard's questions."""
+        broker, watchdog = self.broker, self.watchdog
+        if broker is None:
+            return False, "the kernel's host is shutting down"
+        execution = watchdog.current_execution() if watchdog is not None else None
+
+        def prompt(content: dict[str, Any]) -> None:
+            if watchdog is not None:
+                watchdog.send_control(names.MSG_EGRESS_PROMPT, content)
+
+        def pause(on: bool) -> None:
+            if watchdog is not None and execution is not None:
+                (watchdog.pause if on else watchdog.resume)(execution)
+
+        allowed, reason = broker.egress.decide(host, port, execution, prompt if watchdog is not None else None, pause)
+        if watchdog is not None and execution is not None:
+            # The cell's "hosts tried" line lists it: the connection goes on once the kernel has it.
+            noted = threading.Event()
+            note = {"host": host, "port": port, "allowed": allowed, "reason": reason}
+            watchdog.send_control(names.MSG_EGRESS_NOTE, note, lambda _reply: noted.set())
+            noted.wait(EGRESS_NOTE_WAIT_S)
+        return allowed, reason
+
+    def supervisor_pid(self) -> int | None:
+        """The supervisor's pid, as the host sees it (inside a sandbox, bwrap's processes come first)."""
+        process = self.process
+        if process is None:
+            return None
+        if not self.sandboxed:
+            return int(process.pid)
+        if self._supervisor is None:
+            self._supervisor = find_in_tree(process.pid, SUPERVISOR_MODULE)
+        return self._supervisor
+
+    def host_pid(self, kernel_pid: int) -> int:
+        """The host's pid of the kernel that reports ``kernel_pid`` (its pid in the sandbox)."""
+        if not self.sandboxed or self.process is None:
+            return kernel_pid
+        return host_pid(self.process.pid, kernel_pid) or kernel_pid
 
     def _write_policy(self, policy: KernelPolicy) -> str:
         # Beside the connection file, in the runtime dir: private to the user, cleaned with the kernel.
@@ -209,8 +356,21 @@ class IvraloProvisioner(LocalProvisioner):  # type: ignore[misc]
             on_loss=self._after_loss,
             broker=self.broker,
             comm_id=self.broker_comm_id,
+            interrupt=self._interrupt_now,
         )
         self.watchdog.start()
+
+    def _interrupt_now(self) -> None:
+        """(watchdog thread) SIGINT to the supervisor, which passes it on to the kernel's group."""
+        process = self.process
+        if process is None:
+            return
+        if self.sandboxed:
+            supervisor = self.supervisor_pid()
+            if supervisor is not None:
+                os.kill(supervisor, signal.SIGINT)
+            return
+        os.killpg(process.pid, signal.SIGINT)
 
     async def poll(self) -> int | None:
         if self._replacing:  # between the kill and the relaunch the kernel is not dead, it is being replaced
@@ -234,6 +394,7 @@ class IvraloProvisioner(LocalProvisioner):  # type: ignore[misc]
             env[names.ENV_REPLACEMENT] = "1"  # it holds requests until its IOPub subscribers are back
             self.process = launch_kernel(cmd, **{**kwargs, "env": env})
             self.pid = self.pgid = self.process.pid  # a session leader: pid = pgid
+            self._supervisor = None
             self.replacements += 1
             self.log.warning("ivralo: replaced the kernel after %s (%d so far)", loss.cause, self.replacements)
             self._start_watchdog()
@@ -251,7 +412,7 @@ class IvraloProvisioner(LocalProvisioner):  # type: ignore[misc]
             return
         tree = self._tree_snapshot()
         with contextlib.suppress(ProcessLookupError):
-            os.kill(process.pid, SIGNAL_KILL_NOW)
+            os.kill(self.supervisor_pid() or process.pid, SIGNAL_KILL_NOW)
         deadline = time.monotonic() + SUPERVISOR_KILL_BUDGET_S
         while process.poll() is None and time.monotonic() < deadline:
             time.sleep(0.002)
@@ -272,11 +433,17 @@ class IvraloProvisioner(LocalProvisioner):  # type: ignore[misc]
         """Graceful stop: SIGTERM to the supervisor, which forwards it and then ends the tree."""
         if self.process and self.process.poll() is None:
             with contextlib.suppress(ProcessLookupError):
-                os.kill(self.process.pid, signal.SIGTERM)
+                os.kill(self.supervisor_pid() or self.process.pid, signal.SIGTERM)
 
     async def send_signal(self, signum: int) -> None:
         if signum == signal.SIGKILL:
             await self.kill()
+            return
+        supervisor = self.supervisor_pid() if self.sandboxed else None
+        if supervisor is not None:
+            # Not bwrap's group: bwrap itself would die of a SIGINT, and take the sandbox with it.
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(supervisor, signum)
             return
         await super().send_signal(signum)
 
@@ -305,3 +472,19 @@ class IvraloProvisioner(LocalProvisioner):  # type: ignore[misc]
             with contextlib.suppress(OSError):
                 os.unlink(self.policy_file)
             self.policy_file = None
+        if not restart:
+            if self.egress_proxy is not None:
+                self.egress_proxy.close()
+                self.egress_proxy = None
+            if self._sandbox_dir is not None:
+                shutil.rmtree(self._sandbox_dir, ignore_errors=True)
+                self._sandbox_dir = None
+
+
+def _ipython_dir(env: dict[str, str]) -> str:
+    """IPython's folder, made if missing (IPython would make it on first use; inside the sandbox the
+    root is read-only, so it must exist before)."""
+    path = env.get("IPYTHONDIR") or os.path.join(env.get("HOME") or os.path.expanduser("~"), ".ipython")
+    with contextlib.suppress(OSError):
+        os.makedirs(path, exist_ok=True)
+    return path

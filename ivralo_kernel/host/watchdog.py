@@ -76,6 +76,7 @@ class Watchdog:
         on_loss: Callable[[Loss], None] | None = None,
         broker: BrokerResponder | None = None,
         comm_id: str | None = None,
+        interrupt: Callable[[], None] | None = None,
     ) -> None:
         self.settings = settings
         self.root_pid = root_pid
@@ -83,13 +84,20 @@ class Watchdog:
         self._kill_tree = kill_tree
         self._exit_status = exit_status or (lambda: None)
         self._on_loss = on_loss
+        # SIGINT for the supervisor, which passes it on to the kernel's group (inside a sandbox,
+        # the supervisor is not the launched process: bwrap would die of it).
+        self._signal_interrupt = interrupt or (lambda: os.killpg(root_pid, signal.SIGINT))
         self.running: OrderedDict[str, dict[str, Any]] = OrderedDict()  # msg_id -> request header
         self._requesters: dict[str, tuple[bytes, ...]] = {}
         self.broker = broker
         self.comm_id = comm_id or uuid.uuid4().hex  # the kernel got it at launch (IVRALO_BROKER_COMM)
         self.broker_ready = threading.Event()  # the kernel answered our hello: requests flow both ways
         self._next_hello = 0.0  # when to (re)send the broker hello, until the kernel answers it
-        self._outbox: queue.SimpleQueue[tuple[str, dict[str, Any]]] = queue.SimpleQueue()
+        # (msg_type, content, called with the kernel's reply or None)
+        self._outbox: queue.SimpleQueue[tuple[str, dict[str, Any], Callable[[dict[str, Any]], None] | None]] = (
+            queue.SimpleQueue()
+        )
+        self._reply_waiters: dict[str, Callable[[dict[str, Any]], None]] = {}  # control msg_id -> callback
         # Answers come from other threads (a brokered call, a person); a byte here wakes the poll at once.
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._wake_lock = threading.Lock()
@@ -139,6 +147,21 @@ class Watchdog:
             if msg_id in self.escalations:
                 self.escalations[msg_id].resume(self._clock())
 
+    def current_execution(self) -> str | None:
+        """The execution running now (the latest one the kernel said it is busy with)."""
+        with self._lock:
+            return next(reversed(self.running), None)
+
+    def send_control(
+        self, msg_type: str, content: dict[str, Any], on_reply: Callable[[dict[str, Any]], None] | None = None
+    ) -> None:
+        """(any thread) Send a message to the kernel's control channel, from the watchdog's thread;
+        ``on_reply`` gets the kernel's reply (on the watchdog's thread)."""
+        self._outbox.put((msg_type, content, on_reply))
+        with self._wake_lock, contextlib.suppress(OSError):  # full: it is being drained anyway
+            if self._wake_w >= 0:
+                os.write(self._wake_w, b"!")
+
     # -- the thread ------------------------------------------------------------------------
     def _url(self, channel: str) -> str:
         transport, ip = self._info.get("transport", "tcp"), self._info.get("ip", "127.0.0.1")
@@ -177,8 +200,10 @@ class Watchdog:
                         os.read(self._wake_r, 4096)
                 self._say_hello(control)
                 while not self._outbox.empty():
-                    req_id, answer = self._outbox.get()
-                    self._send(control, names.MSG_BROKER_REPLY, {"req_id": req_id, "answer": answer})
+                    msg_type, content, on_reply = self._outbox.get()
+                    sent = self._send(control, msg_type, content)
+                    if on_reply is not None:
+                        self._reply_waiters[sent] = on_reply
                 now = self._clock()
                 if now >= next_sample:
                     next_sample = now + poll_s
@@ -261,10 +286,7 @@ class Watchdog:
             execution = parent_id if parent_id in self.running else None
 
         def reply(answer: dict[str, Any]) -> None:  # from this thread, an asking or a calling thread
-            self._outbox.put((str(req_id), answer))
-            with self._wake_lock, contextlib.suppress(OSError):  # full: it is being drained anyway
-                if self._wake_w >= 0:
-                    os.write(self._wake_w, b"!")
+            self.send_control(names.MSG_BROKER_REPLY, {"req_id": str(req_id), "answer": answer})
 
         def pause(on: bool) -> None:
             if execution is not None:
@@ -274,6 +296,10 @@ class Watchdog:
 
     def _on_control(self, msg: dict[str, Any]) -> None:
         parent_id = (msg.get("parent_header") or {}).get("msg_id")
+        waiter = self._reply_waiters.pop(parent_id, None) if parent_id else None
+        if waiter is not None:
+            waiter(msg)
+            return
         if msg["header"]["msg_type"] == names.MSG_BROKER_HELLO + "_reply":
             if msg["content"].get("status") == "ok":
                 self.broker_ready.set()
@@ -335,7 +361,7 @@ class Watchdog:
             else:
                 break  # it answered but is no longer running that execution, or was too late
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.root_pid, signal.SIGINT)  # the supervisor passes it on to the kernel's group
+            self._signal_interrupt()
 
     def _check_memory(self) -> None:
         sample = self.observer.poll()

@@ -40,6 +40,7 @@ class WorkerSettings:
             "observer_poll_ms": c.observer_poll_ms,
             "stall_window_ms": c.stall_window_ms,
             "landlock_network": c.landlock_network,
+            "sandbox": c.sandbox,
             "replace_killed_kernel": False,  # the session replaces its worker and names what was lost
         }
         optional = {
@@ -99,11 +100,15 @@ class Worker:
     def pid(self) -> int | None:
         """The kernel process (not the supervisor)."""
         pid = (self.kernel_info.get(names.KERNEL_INFO_SECTION) or {}).get("pid")
-        return int(pid) if pid else None
+        if not pid:
+            return None
+        mapper = getattr(self.km.provisioner, "host_pid", None)  # in a sandbox it reports its inner pid
+        return int(mapper(int(pid))) if mapper else int(pid)
 
     @property
     def supervisor_pid(self) -> int | None:
-        return getattr(self.km.provisioner, "pid", None)
+        find = getattr(self.km.provisioner, "supervisor_pid", None)
+        return find() if callable(find) else getattr(self.km.provisioner, "pid", None)
 
     @property
     def watchdog(self) -> Watchdog | None:

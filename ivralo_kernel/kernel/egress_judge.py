@@ -10,11 +10,13 @@ asked.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable
 from typing import Any
 
 from ivralo_kernel.kernel.broker_client import BROKER, BrokerUnavailable
+from ivralo_kernel.kernel.launch_state import STATE
 from ivralo_kernel.protocol import names
 from ivralo_kernel.protocol.egress import load_egress_policy
 
@@ -47,6 +49,30 @@ def egress_judge(workspace: str) -> Callable[[str, int | None], Decision]:
         return bool(answer.get("allowed")), str(answer.get("reason") or "refused by the host")
 
     return judge
+
+
+def answer_proxy_question(content: dict[str, Any]) -> None:
+    """(its own thread) The host's egress proxy met an unknown host, asked for by this cell's code or
+    by a subprocess of it (curl, pip): show the question at the cell's input prompt and relay the
+    answer, as for the guard's own questions."""
+    person = BROKER.person
+    host, port = str(content.get("host")), content.get("port")
+    payload: dict[str, Any] = {"host": host, "port": port}
+    if person is None or not person.available():
+        payload.update(choice="no", unavailable=True)
+    else:
+        try:
+            payload["choice"] = _prompt(person, content)
+        except Exception:  # noqa: BLE001 - an interrupted or refused prompt is a "no"
+            payload["choice"] = "no"
+    # Noted before the answer leaves: the connection goes on only after the host has it, so the
+    # cell's "hosts tried" line always lists it.
+    if STATE.network is not None and not payload.get("unavailable"):
+        allowed = payload["choice"] in ("yes", "always")
+        reason = {"yes": "yes this time", "always": "always (hosts.allow)"}.get(payload["choice"], "the person said no")
+        STATE.network.note_proxied(host, port if isinstance(port, int) else None, allowed, reason)
+    with contextlib.suppress(BrokerUnavailable, TimeoutError):
+        BROKER.ask(names.BROKER_EGRESS_ANSWER, payload, EGRESS_ANSWER_TIMEOUT_S)
 
 
 def _prompt(person: Any, answer: dict[str, Any]) -> str:

@@ -29,6 +29,7 @@ from ivralo_kernel.guards.network import hosts_tried_line
 from ivralo_kernel.kernel import api
 from ivralo_kernel.kernel.broker_client import BROKER, HOST_CONNECT_TIMEOUT_S
 from ivralo_kernel.kernel.deadline import DeadlineNotices, InKernelWatchdog, SupervisorBackstop
+from ivralo_kernel.kernel.egress_judge import answer_proxy_question
 from ivralo_kernel.kernel.launch_state import STATE
 from ivralo_kernel.kernel.pip_magic import guarded_pip
 from ivralo_kernel.protocol import names
@@ -207,6 +208,27 @@ class IvraloKernel(IPythonKernel):
         """The host hears our IOPub and reaches our control channel: broker requests may go now."""
         ok = BROKER.hello(parent.get("content", {}).get("comm_id"))
         self._reply(stream, ident, parent, "ivralo_broker_hello_reply", {"status": "ok" if ok else "error"})
+
+    async def ivralo_egress_prompt(self, stream: Any, ident: Any, parent: dict[str, Any]) -> None:
+        """The host's egress proxy asks the person about a host (curl, pip or requests through the
+        sandbox's proxy): on a thread of its own, since the answer may take minutes and control must
+        go on serving (interrupts, the deadline's questions)."""
+        content = dict(parent.get("content") or {})
+        asking = threading.Thread(target=answer_proxy_question, args=(content,), name="ivralo-egress-prompt")
+        asking.daemon = True
+        asking.start()
+        self._reply(stream, ident, parent, "ivralo_egress_prompt_reply", {"status": "ok"})
+
+    async def ivralo_egress_note(self, stream: Any, ident: Any, parent: dict[str, Any]) -> None:
+        """What the host's egress proxy decided, for the running cell's "hosts tried" line."""
+        content = parent.get("content") or {}
+        host, port = content.get("host"), content.get("port")
+        if STATE.network is not None and isinstance(host, str):
+            reason = str(content.get("reason") or "")[:200]
+            STATE.network.note_proxied(
+                host, port if isinstance(port, int) else None, bool(content.get("allowed")), reason
+            )
+        self._reply(stream, ident, parent, "ivralo_egress_note_reply", {"status": "ok"})
 
     def _publish_broker_request(self, comm_id: str, data: dict[str, Any]) -> None:
         """A ``comm_msg`` on IOPub, as ipykernel's comms send one, parented by the running request."""

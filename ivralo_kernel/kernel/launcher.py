@@ -35,6 +35,7 @@ from ivralo_kernel.guards.network import install_network_guard
 from ivralo_kernel.kernel.broker_client import BROKER
 from ivralo_kernel.kernel.egress_judge import egress_judge
 from ivralo_kernel.kernel.launch_state import STATE
+from ivralo_kernel.kernel.sandbox_report import SANDBOX_DIRECT_REFUSAL, fallback_note, sandbox_layers
 from ivralo_kernel.kernel.stages import SupervisorPipe, write_failure
 from ivralo_kernel.protocol import KernelPolicy, default_memory_limit, names
 from ivralo_kernel.protocol.credentials import config_home
@@ -118,7 +119,17 @@ def _apply_landlock(policy: KernelPolicy, workspace: str, tmp: str) -> tuple[str
     ports = _tcp_floor_ports(policy, workspace)
     connection_file = _connection_file()
     write_files = (*DEVICE_FILES, connection_file) if connection_file else DEVICE_FILES
-    rules = LandlockRules(write_trees=write_trees, write_files=write_files, connect_ports=ports)
+    ipc = _ipc_socket_folder()
+    rules = LandlockRules(
+        write_trees=write_trees,
+        write_files=write_files,
+        socket_trees=(ipc,) if ipc else (),
+        connect_ports=ports,
+        # Outside a sandbox these are what keeps the tree from signalling the person's processes and
+        # from reaching abstract sockets (X11, D-Bus); inside one they cost nothing.
+        scope_signals=True,
+        scope_abstract_sockets=True,
+    )
     result = apply_landlock(rules)
     tcp_report = _tcp_floor_report(ports, result)
     if not result.applied:
@@ -138,6 +149,22 @@ def _connection_file_arg() -> str | None:
     if path is None and "-f" in argv[:-1]:
         path = argv[argv.index("-f") + 1]
     return os.path.abspath(path) if path else None
+
+
+def _ipc_socket_folder() -> str | None:
+    """With the ``ipc`` transport, the folder ipykernel creates its socket files in (beside the
+    connection file unless the host chose a folder of its own): only sockets may be made there."""
+    path = _connection_file_arg()
+    if not path:
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            given = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(given, dict) or given.get("transport") != "ipc" or not given.get("ip"):
+        return None
+    return os.path.dirname(os.path.abspath(str(given["ip"])))
 
 
 def _connection_file() -> str | None:
@@ -248,8 +275,16 @@ def main() -> None:
         reporter.reached_stage(names.STAGE_GUARDS_INSTALLED)
 
         tree_root = os.getppid() if os.environ.get(names.ENV_SUPERVISOR_PID) else os.getpid()
-        STATE.network = install_network_guard(egress_judge(workspace), tcp_floor=STATE.tcp_floor, tree_root=tree_root)
-        STATE.layers["network_guard"] = "audit hook, asks the host"
+        sandboxed = os.environ.get(names.ENV_SANDBOX) == names.SANDBOX_BWRAP
+        STATE.network = install_network_guard(
+            egress_judge(workspace),
+            tcp_floor=STATE.tcp_floor,
+            tree_root=tree_root,
+            direct_refusal=SANDBOX_DIRECT_REFUSAL if sandboxed else None,
+        )
+        STATE.layers |= sandbox_layers(os.environ.get(names.ENV_SANDBOX, ""), STATE.layers.get("landlock", ""))
+        if not sandboxed:
+            STATE.notes.append(fallback_note(os.environ.get(names.ENV_SANDBOX, "")))
         app = _build_app()  # step 6
         file_guard.starting = False  # from here on, the kernel's own folders are closed too
         STATE.network.starting = False

@@ -39,6 +39,14 @@ ENV_SUPERVISOR_PID: Final = "IVRALO_SUPERVISOR_PID"
 ENV_LAUNCHED_AT: Final = "IVRALO_LAUNCHED_AT"
 ENV_SUPERVISOR_LAYERS: Final = "IVRALO_SUPERVISOR_LAYERS"  # "subreaper=1,parent_death_signal=1"
 ENV_PARENT_PID: Final = "JPY_PARENT_PID"
+# The OS sandbox: "bwrap" when the kernel runs inside one, else why not (the fallback's reason).
+ENV_SANDBOX: Final = "IVRALO_SANDBOX"
+ENV_EGRESS_SOCKET: Final = "IVRALO_EGRESS_SOCKET"  # the host's egress proxy (a unix socket in the sandbox)
+ENV_RELAY_PORT: Final = "IVRALO_RELAY_PORT"  # where the supervisor offers it on the sandbox's loopback
+SANDBOX_BWRAP: Final = "bwrap"
+# The sandbox's loopback port of the egress relay (the sandbox has its own network namespace, so a
+# fixed port collides with nothing; 3128 is the port proxies are known by).
+RELAY_PORT: Final = 3128
 
 # The product's own database URL: always scrubbed, whatever its name says.
 ENV_PRODUCT_SQL_URL: Final = "IVRALO_SQL_URL"
@@ -71,7 +79,20 @@ MSG_BROKER_REPLY: Final = "ivralo_broker_reply"  # the host's answer to a broker
 # "I hear your IOPub and you hear my control": the host sends it once its IOPub subscription is
 # live; the kernel sends no request before it (one sent earlier could be lost to a slow joiner).
 MSG_BROKER_HELLO: Final = "ivralo_broker_hello"  # {"comm_id"} -> ivralo_broker_hello_reply {"status"}
-CONTROL_MSG_TYPES: Final = (MSG_DEADLINE_NOTICE, MSG_STATUS_REQUEST, MSG_BROKER_REPLY, MSG_BROKER_HELLO)
+# The egress proxy met an unknown host: "show this question at the running cell's input prompt"
+# {"host", "port", "question", "choices"}; the kernel relays the answer as an egress_answer request.
+MSG_EGRESS_PROMPT: Final = "ivralo_egress_prompt"
+# What the egress proxy decided, for the cell's "hosts tried" line {"host", "port", "allowed", "reason"};
+# the proxy goes on once the kernel has answered (or after a short wait).
+MSG_EGRESS_NOTE: Final = "ivralo_egress_note"
+CONTROL_MSG_TYPES: Final = (
+    MSG_DEADLINE_NOTICE,
+    MSG_STATUS_REQUEST,
+    MSG_BROKER_REPLY,
+    MSG_BROKER_HELLO,
+    MSG_EGRESS_PROMPT,
+    MSG_EGRESS_NOTE,
+)
 
 # What a broker request asks for (ENV_BROKER_COMM says how it travels).
 BROKER_EGRESS: Final = "egress"  # {"host", "port", "person": bool} -> {"allowed", "reason"} | {"ask_person", ...}

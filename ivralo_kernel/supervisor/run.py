@@ -32,6 +32,7 @@ from pathlib import Path
 
 from ivralo_kernel.protocol import KernelPolicy, database_env_names, names, scrub
 from ivralo_kernel.supervisor import linux, tree
+from ivralo_kernel.supervisor.relay import start_relay
 
 # Host asks for an immediate end of the whole tree (the provisioner's kill, an agent's Esc).
 SIGNAL_KILL_NOW = signal.SIGUSR1
@@ -179,11 +180,13 @@ def main(argv: list[str] | None = None) -> int:
 
     stage_r, stage_w = os.pipe()
     os.set_inheritable(stage_w, True)
-    relay = _StderrRelay()
+    stderr = _StderrRelay()
     tmp = tempfile.mkdtemp(prefix="ivralo-kernel-")  # the kernel's private temp folder; removed below
-    kernel = _start_kernel(args, _kernel_env(workspace, stage_w, tmp), relay.write_fd)  # step 5
+    kernel = _start_kernel(args, _kernel_env(workspace, stage_w, tmp), stderr.write_fd)  # step 5
     os.close(stage_w)
-    os.close(relay.write_fd)
+    os.close(stderr.write_fd)
+    # In the sandbox, the way out (after the fork: the kernel's child must not start with threads).
+    start_relay(os.environ.get(names.ENV_RELAY_PORT), os.environ.get(names.ENV_EGRESS_SOCKET))
 
     stages: list[str] = []
     pending = b""
@@ -198,10 +201,10 @@ def main(argv: list[str] | None = None) -> int:
         for wake in (term_deadline, kill_at):
             if wake is not None:
                 timeout = max(0.0, min(timeout, wake - time.monotonic()))
-        watch = [wake_r] + ([stage_r] if stage_open else []) + ([relay.read_fd] if relay.open else [])
+        watch = [wake_r] + ([stage_r] if stage_open else []) + ([stderr.read_fd] if stderr.open else [])
         ready, _, _ = select.select(watch, [], [], timeout)
-        if relay.open and relay.read_fd in ready:
-            relay.pump()
+        if stderr.open and stderr.read_fd in ready:
+            stderr.pump()
         if stage_r in ready:
             chunk = os.read(stage_r, 4096)
             if not chunk:
@@ -249,13 +252,13 @@ def main(argv: list[str] | None = None) -> int:
     for pid, status in tree.kill_tree(os.getpid()):
         if pid == kernel:
             kernel_status = status
-    if relay.open:
-        relay.drain()
+    if stderr.open:
+        stderr.drain()
     shutil.rmtree(tmp, ignore_errors=True)
     built = names.STAGE_KERNEL_BUILT in stages
     if not built and term_deadline is None:  # a start that failed, or that the host gave up on
         how = f"{stopped_by} before it was ready" if stopped_by else _describe(kernel_status or 0)
-        _write_worker_log(workspace, stages, how, relay.tail)
+        _write_worker_log(workspace, stages, how, stderr.tail)
     if deadline_kill:
         return names.DEADLINE_EXIT_STATUS
     if kernel_status is None:

@@ -1,0 +1,136 @@
+"""What the OS sandbox costs: plain ipykernel, ivralo without the sandbox, ivralo in it; same run.
+
+For each kind, interleaved (A B C, C B A, ...) so the machine's drift does not fold into a ratio:
+
+1. start to ready: ``start_kernel()`` until ``wait_for_ready()`` returns;
+2. ``1+1`` round trip (execute until idle and the reply), median of many, on one ready kernel;
+3. an allowed HTTP GET from the kernel's Python to a loopback server (urllib): direct for plain
+   ipykernel and ivralo without the sandbox, through the host's egress proxy inside it;
+4. idle memory of the whole tree (USS summed over the launched process and its descendants).
+
+Ratios are against plain ipykernel. Run: ``.venv/bin/python bench/sandbox_cost.py [--starts N]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import http.server
+import json
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+from jupyter_client.manager import AsyncKernelManager
+
+from ivralo_kernel.host.manager import IvraloKernelManager
+
+KINDS = ("plain", "ivralo", "ivralo-sandbox")
+
+
+class _Answer(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"ok")
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def manager(kind: str) -> AsyncKernelManager:
+    if kind == "plain":
+        return AsyncKernelManager(kernel_name="python3")
+    return IvraloKernelManager.for_settings(
+        python=sys.executable, sandbox="required" if kind.endswith("sandbox") else "off"
+    )
+
+
+def uss_of_tree(pid: int) -> int:
+    total = 0
+    try:
+        root = psutil.Process(pid)
+        for proc in [root, *root.children(recursive=True)]:
+            try:
+                total += proc.memory_full_info().uss
+            except psutil.Error:
+                continue
+    except psutil.Error:
+        return 0
+    return total
+
+
+async def run_until_idle(kc: Any, code: str) -> float:
+    started = time.perf_counter()
+    reply = await kc.execute_interactive(code, timeout=60, output_hook=lambda _m: None)
+    assert reply["content"]["status"] == "ok", reply["content"]
+    return time.perf_counter() - started
+
+
+async def one_kernel(kind: str, port: int, round_trips: int, gets: int) -> dict[str, Any]:
+    workspace = tempfile.mkdtemp(prefix="ivralo-bench-")
+    (Path(workspace) / ".ivralo").mkdir()
+    (Path(workspace) / ".ivralo" / "permissions.json").write_text(
+        json.dumps({"hosts": {"allow": [f"127.0.0.1:{port}"]}})
+    )
+    km = manager(kind)
+    started = time.perf_counter()
+    await km.start_kernel(cwd=workspace)
+    kc = km.client()
+    kc.start_channels()
+    try:
+        await kc.wait_for_ready(timeout=60)
+        ready = time.perf_counter() - started
+        rtt = [await run_until_idle(kc, "1+1") for _ in range(round_trips)]
+        fetch = f"import urllib.request as u\nu.urlopen('http://127.0.0.1:{port}/', timeout=10).read()"
+        await run_until_idle(kc, fetch)  # first one: imports
+        get = [await run_until_idle(kc, fetch) for _ in range(gets)]
+        pid = km.provisioner.process.pid if km.provisioner is not None else 0
+        uss = uss_of_tree(pid)
+    finally:
+        kc.stop_channels()
+        await km.shutdown_kernel(now=True)
+    return {"ready_s": ready, "rtt_s": statistics.median(rtt), "get_s": statistics.median(get), "uss": uss}
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--starts", type=int, default=6)
+    parser.add_argument("--round-trips", type=int, default=40)
+    parser.add_argument("--gets", type=int, default=30)
+    args = parser.parse_args()
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Answer)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    port = int(httpd.server_address[1])
+    samples: dict[str, list[dict[str, Any]]] = {k: [] for k in KINDS}
+    for trial in range(args.starts):
+        order = KINDS if trial % 2 == 0 else tuple(reversed(KINDS))
+        for kind in order:
+            samples[kind].append(await one_kernel(kind, port, args.round_trips, args.gets))
+    httpd.shutdown()
+    summary: dict[str, dict[str, float]] = {}
+    for kind in KINDS:
+        summary[kind] = {key: statistics.median(s[key] for s in samples[kind]) for key in samples[kind][0]}
+    plain = summary["plain"]
+    print(f"{'kind':16} {'ready ms':>9} {'x':>6} {'1+1 ms':>8} {'x':>6} {'GET ms':>8} {'+ms':>6} {'USS MiB':>8}")
+    for kind in KINDS:
+        s = summary[kind]
+        print(
+            f"{kind:16} {s['ready_s'] * 1000:9.0f} {s['ready_s'] / plain['ready_s']:6.2f} {s['rtt_s'] * 1000:8.2f} "
+            f"{s['rtt_s'] / plain['rtt_s']:6.2f} {s['get_s'] * 1000:8.2f} {(s['get_s'] - plain['get_s']) * 1000:6.2f} "
+            f"{s['uss'] / 2**20:8.1f}"
+        )
+    out = Path(__file__).parent / "results" / f"sandbox_cost-{int(time.time())}.json"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps({"summary": summary, "samples": samples}, indent=1))
+    print(f"samples: {out}")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,123 @@
+"""[host] One kernel's egress proxy: the sandbox's only way to the network.
+
+It listens on a unix socket in the kernel's runtime folder (the relay inside the sandbox hands it
+every connection) and serves HTTP ``CONNECT`` and plain HTTP requests in absolute form. Each
+``host:port`` is decided first, by the host's egress policy (``decide``: the allow list, then an
+agent's ``ask`` or the person at the running cell); only after a yes is the name resolved and
+connected. A refused name is never looked up. A refusal is a ``403`` whose status line and body say
+why and what to do, which curl, pip and requests show.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import threading
+from collections.abc import Callable
+
+from ivralo_kernel.protocol.proxying import (
+    TUNNEL_ESTABLISHED,
+    BadRequest,
+    ProxyRequest,
+    parse_head,
+    read_head,
+    response,
+    splice,
+)
+
+Decide = Callable[[str, int], "tuple[bool, str]"]
+CONNECT_TIMEOUT_S = 15.0
+log = logging.getLogger(__name__)
+
+
+class EgressProxy:
+    def __init__(self, path: str, decide: Decide) -> None:
+        self.path, self._decide = path, decide
+        self.decisions: list[tuple[str, int, bool]] = []  # (host, port, allowed), for doctor and tests
+        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        self._listener.bind(path)
+        os.chmod(path, 0o600)
+        self._listener.listen(64)
+        self._closed = False
+
+    def start(self) -> None:
+        threading.Thread(target=self._accept, name="ivralo-egress-proxy", daemon=True).start()
+
+    def close(self) -> None:
+        self._closed = True
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)
+        with contextlib.suppress(OSError):
+            self._listener.close()
+        with contextlib.suppress(OSError):
+            os.unlink(self.path)
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), name="ivralo-egress", daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        try:
+            head, rest = read_head(conn)
+            request = parse_head(head)
+        except (BadRequest, OSError) as exc:
+            self._answer(conn, 400, "Bad Request", f"ivralo egress proxy: {exc}")
+            return
+        try:
+            allowed, reason = self._decide(request.host, request.port)
+        except Exception as exc:  # noqa: BLE001 - a failing decision is a refusal, never a hang
+            log.warning("ivralo: deciding %s:%s failed: %s", request.host, request.port, exc)
+            allowed, reason = False, "the host could not decide"
+        self.decisions.append((request.host, request.port, allowed))
+        if not allowed:
+            # The status line carries the reason: it is what urllib, requests and pip show.
+            status = f"Forbidden by ivralo: {request.host} refused ({_one_line(reason)})"
+            self._answer(conn, 403, status, refusal_text(request, reason))
+            return
+        try:  # resolved only now, after the decision
+            upstream = socket.create_connection((request.host, request.port), timeout=CONNECT_TIMEOUT_S)
+            upstream.settimeout(None)
+        except OSError as exc:
+            why = exc.strerror or str(exc)
+            text = f"ivralo egress proxy: allowed, but {request.host}:{request.port} cannot be reached: {why}"
+            self._answer(conn, 502, "Bad Gateway", text)
+            return
+        try:
+            if request.tunnel:
+                conn.sendall(TUNNEL_ESTABLISHED)
+            else:
+                upstream.sendall(request.origin_head())
+            if rest:
+                upstream.sendall(rest)
+        except OSError:
+            for s in (conn, upstream):
+                s.close()
+            return
+        splice(conn, upstream)
+
+    @staticmethod
+    def _answer(conn: socket.socket, status: int, reason: str, text: str) -> None:
+        with contextlib.suppress(OSError):
+            conn.sendall(response(status, reason, text))
+        with contextlib.suppress(OSError):
+            conn.close()
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())[:200]
+
+
+def refusal_text(request: ProxyRequest, reason: str) -> str:
+    return (
+        f"ivralo refused {request.host}:{request.port} ({reason}). The kernel reaches the network only "
+        f"through ivralo's host, which asks about hosts it does not know; add the host to hosts.allow "
+        f"(.ivralo/permissions.json) or answer 'yes' when asked."
+    )

