@@ -15,6 +15,7 @@ import os
 import shutil
 import signal
 import stat
+import sys
 import tempfile
 import threading
 import time
@@ -279,6 +280,7 @@ class IvraloProvisioner(LocalProvisioner):  # type: ignore[misc]
             env=env,
             jupyter_runtime_dir=os.path.dirname(connection_file) or None,
             scratch_overlays=(_ipython_dir(env),),
+            code_trees=_code_trees(cmd[0]),
         )
         return plan.argv(cmd)
 
@@ -479,6 +481,17 @@ class IvraloProvisioner(LocalProvisioner):  # type: ignore[misc]
             if self._sandbox_dir is not None:
                 shutil.rmtree(self._sandbox_dir, ignore_errors=True)
                 self._sandbox_dir = None
+
+
+def _code_trees(python: str) -> tuple[str, ...]:
+    """Where the kernel's interpreter and ivralo's own code live (a venv's root, the interpreter it
+    points to, an editable checkout)."""
+    import ivralo_kernel
+
+    roots = [os.path.dirname(os.path.dirname(os.path.abspath(python)))]
+    roots.append(os.path.dirname(os.path.dirname(os.path.realpath(python))))
+    roots += [sys.prefix, sys.base_prefix, os.path.dirname(os.path.dirname(os.path.abspath(ivralo_kernel.__file__)))]
+    return tuple(roots)
 
 
 def _ipython_dir(env: dict[str, str]) -> str:

@@ -170,6 +170,9 @@ class SandboxPlan:
     # Folders the kernel's own tools write to by habit (IPython's profile): seen as they are, with
     # writes kept in a private layer that ends with the sandbox.
     scratch_overlays: tuple[str, ...] = ()
+    # The interpreter and the code the kernel runs: seen read-only even where they live in a folder
+    # the sandbox empties (a virtualenv or a checkout under /tmp).
+    code_trees: tuple[str, ...] = ()
 
     def hidden(self) -> list[str]:
         """Existing folders whose content the sandbox must not see (empty inside)."""
@@ -210,6 +213,10 @@ class SandboxPlan:
             a += ["--tmpfs", path]
         for path in self.credential_stores():
             a += ["--tmpfs", path] if os.path.isdir(path) else ["--ro-bind", self.empty_file, path]
+        hidden = self.hidden()
+        for path in dict.fromkeys(os.path.realpath(p) for p in self.code_trees if os.path.isdir(p)):
+            if any(_inside(path, h) for h in hidden) and not _inside(path, self.workspace):
+                a += ["--ro-bind", path, path]
         for path in self.scratch_overlays:
             if os.path.isdir(path) and not _inside(os.path.realpath(path), self.workspace):
                 a += ["--overlay-src", path, "--tmp-overlay", path]
