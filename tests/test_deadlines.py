@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 from conftest import gone, wait_until
 from jupyter_client.blocking.client import BlockingKernelClient
@@ -84,7 +85,10 @@ async def test_native_code_ignoring_sigint_is_killed_and_names_are_lost(workspac
         await session.run(
             "import subprocess\nx, y = 1, 2\ndaemon = subprocess.Popen(['sleep', '300'], start_new_session=True)"
         )
-        daemon_pid = int(str(await session.run("print(daemon.pid)")))
+        # Found from outside, in the kernel's tree (inside its sandbox the kernel sees other pids).
+        assert session.supervisor_pid is not None
+        tree = psutil.Process(session.supervisor_pid).children(recursive=True)
+        daemon_pid = next(p.pid for p in tree if p.cmdline() == ["sleep", "300"])
         kernel_pid, watchdog = session.pid, session.watchdog
         elapsed, result = await timed(session, NATIVE_AFTER_START)
         assert isinstance(result, dict) and result["status"] == "error"

@@ -131,11 +131,11 @@ def test_debugger_under_the_host_stops_at_a_breakpoint(kc: BlockingKernelClient)
 
 def test_restart_gives_a_fresh_guarded_kernel(km: KernelManager, kc: BlockingKernelClient) -> None:
     assert execute(kc, "import os\nx = 1\nprint(os.getpid())").status == "ok"
-    before = kc.kernel_info(reply=True, timeout=10)["content"]["ivralo"]["pid"]
+    before = km.provisioner.host_pid(kc.kernel_info(reply=True, timeout=10)["content"]["ivralo"]["pid"])
     km.restart_kernel(now=True)
     kc.wait_for_ready(timeout=60)
     after = kc.kernel_info(reply=True, timeout=10)["content"]["ivralo"]
-    assert after["pid"] != before and after["layers"]["write_guard"] == "audit hook"
+    assert km.provisioner.host_pid(after["pid"]) != before and after["layers"]["write_guard"] == "audit hook"
     gone = execute(kc, "print('x' in globals())")
     assert gone.stdout == "False\n"
 

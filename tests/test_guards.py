@@ -132,7 +132,9 @@ def kernel(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[BlockingKernelClient, bool, Path]]:
     ws, outside = make_workspace(tmp_path_factory.mktemp("guards"))
-    km = IvraloKernelManager.for_settings(workspace=str(ws), landlock=request.param)
+    # The Python guards and the Landlock floor as they are without the OS sandbox (its fallback mode):
+    # inside it, "outside" (under /tmp here) is not even visible. test_sandbox.py covers the sandbox.
+    km = IvraloKernelManager.for_settings(workspace=str(ws), landlock=request.param, sandbox="off")
     asyncio.run(km.start_kernel(cwd=str(ws)))
     kc = BlockingKernelClient(**km.get_connection_info(session=True))
     kc.start_channels()

@@ -149,7 +149,13 @@ def test_the_person_is_asked_about_an_unknown_host(page: Any, lab: dict[str, Any
     import http.server
     import threading
 
+    hits: list[str] = []  # judged where the request lands, not by what the cell prints
+
     class Quiet(http.server.SimpleHTTPRequestHandler):
+        def do_GET(self) -> None:
+            hits.append(self.path)
+            super().do_GET()
+
         def log_message(self, *args: object) -> None:
             pass
 
@@ -177,6 +183,10 @@ def test_the_person_is_asked_about_an_unknown_host(page: Any, lab: dict[str, Any
         expect(output).to_contain_text("200", timeout=30_000)
         expect(output).to_contain_text("[ivralo network: localhost allowed (yes this time)]", timeout=30_000)
         expect(output).not_to_contain_text("interrupted")
+        assert hits == ["/"], "the person's yes reached the server once, with nothing allowed before"
+        # ...through the OS sandbox's egress proxy: the kernel has no network of its own.
+        run_in_last_cell(page, "print(get_ipython().kernel.kernel_info['ivralo']['layers']['sandbox'][:5])")
+        expect(cells.nth(1).locator(".jp-OutputArea-output")).to_have_text("bwrap", timeout=30_000)
     finally:
         httpd.shutdown()
         httpd.server_close()

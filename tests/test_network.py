@@ -25,7 +25,10 @@ def server() -> Iterator[int]:
 
 # These tests are about the answer, on a random port: the TCP floor (fixed at start, ports of the
 # allowed hosts only) would refuse it. test_network_floor.py tests an answer under the floor.
-NO_TCP_FLOOR = WorkerConfig(landlock_network=False)
+NO_TCP_FLOOR = WorkerConfig(landlock_network=False, sandbox="off")
+# This file is the Python guard as it is without the OS sandbox (its fallback mode); inside the
+# sandbox, HTTP goes through the host's proxy and direct sockets are refused (test_sandbox.py).
+FALLBACK = WorkerConfig(sandbox="off")
 
 
 def allow(ws: Path, *hosts: str) -> None:
@@ -60,7 +63,7 @@ REFUSED = {
 async def test_allowed_host_through_every_client(workspace: Path, server: int, client: str) -> None:
     allow(workspace, f"localhost:{server}", f"127.0.0.2:{server}")  # with the port: the TCP floor opens it
     host = "127.0.0.2" if client == "_socket" else "localhost"
-    async with Session(workspace=workspace) as session:
+    async with Session(workspace=workspace, config=FALLBACK) as session:
         result = await session.run(CLIENTS[client].format(host=host, port=server))
     assert isinstance(result, str), result
     assert result.startswith("200\n")
@@ -69,7 +72,7 @@ async def test_allowed_host_through_every_client(workspace: Path, server: int, c
 
 @pytest.mark.parametrize("client", CLIENTS)
 async def test_unattended_unknown_host_is_refused(workspace: Path, server: int, client: str) -> None:
-    async with Session(workspace=workspace) as session:  # ask=None: nobody watches
+    async with Session(workspace=workspace, config=FALLBACK) as session:  # ask=None: nobody watches
         result = await session.run(CLIENTS[client].format(host="127.0.0.3", port=server))
     assert isinstance(result, dict), result
     assert REFUSED[client].format(host="127.0.0.3", why="nobody to ask") in result["error"]
@@ -113,7 +116,7 @@ async def test_asked_no_is_refused(workspace: Path, server: int) -> None:
     async def ask(question: str, choices: tuple[str, ...]) -> str:
         return "no"
 
-    async with Session(workspace=workspace, ask=ask) as session:
+    async with Session(workspace=workspace, ask=ask, config=FALLBACK) as session:
         result = await session.run(CLIENTS["urllib"].format(host="localhost", port=server))
     assert isinstance(result, dict)
     assert "localhost refused (the person said no)" in result["error"]
@@ -124,7 +127,7 @@ async def test_the_deadline_is_paused_while_the_person_answers(workspace: Path, 
         await asyncio.sleep(5)  # longer than the 2 s deadline
         return "yes"
 
-    config = WorkerConfig(deadline_ms=2_000, interrupt_grace_ms=500, landlock_network=False)  # see NO_TCP_FLOOR
+    config = WorkerConfig(deadline_ms=2_000, interrupt_grace_ms=500, landlock_network=False, sandbox="off")
     async with Session(workspace=workspace, ask=slow_person, config=config) as session:
         result = await session.run(CLIENTS["urllib"].format(host="localhost", port=server))
     assert isinstance(result, str), result
@@ -134,7 +137,7 @@ async def test_the_deadline_is_paused_while_the_person_answers(workspace: Path, 
 async def test_malformed_permissions_fail_closed(workspace: Path, server: int) -> None:
     (workspace / ".ivralo").mkdir()
     (workspace / ".ivralo" / "permissions.json").write_text('{\n "hosts": {\n  "allow": "localhost"\n }\n}')
-    async with Session(workspace=workspace) as session:
+    async with Session(workspace=workspace, config=FALLBACK) as session:
         result = await session.run(CLIENTS["urllib"].format(host="localhost", port=server))
     assert isinstance(result, dict)
     assert 'permissions.json: line 3: field "hosts.allow" must be a list' in result["error"]

@@ -24,7 +24,8 @@ from ivralo_kernel.host.provisioner import IvraloProvisioner
 from ivralo_kernel.protocol import ConfigError, KernelPolicy, names
 
 ABI = abi()
-FLOOR = WorkerConfig(landlock_network=True)
+# The TCP floor is a fallback-mode layer: inside the OS sandbox the network namespace replaces it.
+FLOOR = WorkerConfig(landlock_network=True, sandbox="off")
 needs_floor = pytest.mark.skipif(ABI < 4, reason=f"the TCP floor needs Landlock ABI >= 4 (this kernel has ABI {ABI})")
 
 # Runs in the cell: curl each URL (no proxy: loopback only), print one JSON line
@@ -154,7 +155,7 @@ async def test_a_malformed_permissions_file_opens_no_port(workspace: Path) -> No
 async def test_the_floor_is_off_by_default(workspace: Path, ports: Ports) -> None:
     allow(workspace, f"127.0.0.1:{ports.allowed}")
     other = f"http://127.0.0.1:{ports.other}/"
-    async with Session(workspace=workspace) as session:
+    async with Session(workspace=workspace, config=WorkerConfig(sandbox="off")) as session:
         assert await floor_layer(session) == "off (the default; landlock_network turns it on)"
         runs = await curl(session, other)
     assert answered_by(runs[other]) == f"answered by 127.0.0.1:{ports.other}"

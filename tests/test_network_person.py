@@ -102,7 +102,7 @@ def test_always_is_offered_and_recorded_only_in_a_trusted_folder(workspace: Path
         f"Please answer yes or no. {question}. Allow? ",
     ]
     assert seen["stdout"] == "[ivralo network: localhost refused (the person said no)]\n"
-    assert seen["errors"] and "ivralo network guard: localhost refused (the person said no)" in seen["errors"][0]
+    assert seen["errors"] and "localhost refused (the person said no)" in seen["errors"][0]
     assert not (workspace / ".ivralo" / "permissions.json").exists()
 
     set_trust(str(workspace), True, os.environ)
@@ -128,7 +128,7 @@ def test_nobody_to_ask_in_nbclient(workspace: Path, port: int) -> None:
     ]
     NotebookClient(nb, timeout=60, resources={"metadata": {"path": str(workspace)}}).execute()
     text = "".join(o.get("text", "") for o in nb.cells[0].outputs)
-    assert "ivralo network guard: localhost refused (nobody to ask)" in text
+    assert "localhost refused (nobody to ask)" in text
     assert text.endswith("[ivralo network: localhost refused (nobody to ask)]\n")
 
 

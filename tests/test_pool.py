@@ -18,7 +18,8 @@ async def test_prewarmed_spare_serves_the_first_call_and_is_replaced(workspace: 
     async with WorkerPool(workspace, WorkerConfig(prewarm_pool_size=1)) as pool:
         await pool.wait_prewarmed()
         spare = pool.spares[0]
-        assert spare.kernel_info["ivralo"]["pid"] == spare.pid, "a spare is ready, not merely spawned"
+        ready = spare.km.provisioner.host_pid(spare.kernel_info["ivralo"]["pid"]) == spare.pid
+        assert ready, "a spare is ready (its kernel answered kernel_info), not merely spawned"
         async with Session(pool=pool) as session:
             start = time.monotonic()
             assert await session.run("print(1 + 1)") == "2\n"

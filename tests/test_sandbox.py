@@ -490,3 +490,56 @@ def test_jupyter_console_asks_for_a_subprocess_too(workspace: Path, answer: str)
         finally:
             child.close(force=True)
     assert hits == (["/from-curl"] if answer == "yes" else [])
+
+
+PROXIED_CLIENTS = {
+    "urllib": "import urllib.request\nprint(urllib.request.urlopen('http://localhost:{port}/{path}').status)",
+    "requests": "import requests\nprint(requests.get('http://localhost:{port}/{path}', timeout=10).status_code)",
+    "httpx": "import httpx\nprint(httpx.get('http://localhost:{port}/{path}', timeout=10).status_code)",
+}
+DIRECT_CLIENTS = {
+    "asyncio": "import asyncio\nr, w = await asyncio.open_connection('example.invalid', {port})",
+    "socket": "import socket\nsocket.create_connection(('example.invalid', {port}), timeout=5)",
+}
+
+
+@pytest.mark.parametrize("client", PROXIED_CLIENTS)
+async def test_http_clients_go_through_the_proxy_to_an_allowed_host(workspace: Path, client: str) -> None:
+    from ivralo_kernel.host import Session, WorkerConfig
+
+    with counting_http() as (port, hits):
+        (workspace / ".ivralo").mkdir()
+        (workspace / ".ivralo" / "permissions.json").write_text(f'{{"hosts": {{"allow": ["localhost:{port}"]}}}}')
+        async with Session(workspace=workspace, config=WorkerConfig(sandbox="required")) as session:
+            result = await session.run(PROXIED_CLIENTS[client].format(port=port, path=client))
+    assert hits == [f"/{client}"], result
+    assert result == "200\n[ivralo network: localhost allowed (hosts.allow)]\n"
+
+
+@pytest.mark.parametrize("client", PROXIED_CLIENTS)
+async def test_http_clients_are_refused_with_the_reason_when_nobody_can_be_asked(workspace: Path, client: str) -> None:
+    from ivralo_kernel.host import Session, WorkerConfig
+
+    with counting_http() as (port, hits):
+        async with Session(workspace=workspace, config=WorkerConfig(sandbox="required")) as session:
+            result = await session.run(PROXIED_CLIENTS[client].format(port=port, path=client))
+    assert hits == [], result
+    if client == "urllib":  # raises for a 403; requests and httpx hand the 403 response back
+        assert isinstance(result, dict), result
+        assert "HTTP Error 403: Forbidden by ivralo: localhost refused (nobody to ask)" in result["error"]
+        assert "[ivralo network: localhost refused (nobody to ask)]" in result["result"]
+    else:
+        assert result == "403\n[ivralo network: localhost refused (nobody to ask)]\n"
+
+
+@pytest.mark.parametrize("client", DIRECT_CLIENTS)
+async def test_a_direct_connection_is_refused_saying_what_works(workspace: Path, client: str) -> None:
+    from ivralo_kernel.host import Session, WorkerConfig
+
+    async with Session(workspace=workspace, config=WorkerConfig(sandbox="required")) as session:
+        result = await session.run(DIRECT_CLIENTS[client].format(port=5432))
+    assert isinstance(result, dict), result
+    error = result["error"]
+    assert "example.invalid cannot be reached by a direct connection" in error, error
+    assert "HTTP and HTTPS go through ivralo's proxy" in error and "ivralo.sql" in error
+    assert "[ivralo network: example.invalid refused (no direct network in the sandbox)]" in result["result"]

@@ -36,7 +36,10 @@ km = KernelManager(kernel_name='ivralo')
 km.start_kernel(cwd={workspace!r})
 kc = km.client(); kc.start_channels(); kc.wait_for_ready(timeout=60)
 pids = json.loads(execute(kc, {code!r}).stdout)
-pids['supervisor'] = km.provisioner.pid
+# The kernel reports its pids as its sandbox sees them: these are the host's.
+pids['kernel'] = km.provisioner.host_pid(pids['kernel'])
+pids['children'] = [km.provisioner.host_pid(p) for p in pids['children']]
+pids['supervisor'] = km.provisioner.supervisor_pid()
 print(json.dumps(pids), flush=True)
 sys.stdin.read()  # wait to be killed
 """
@@ -49,7 +52,10 @@ def _start(workspace: Path) -> tuple[KernelManager, dict[str, object]]:
     kc.start_channels()
     kc.wait_for_ready(timeout=60)
     pids = json.loads(execute(kc, SPAWN_CHILDREN).stdout)
-    pids["supervisor"] = km.provisioner.pid
+    # The kernel reports its pids as its sandbox sees them: these are the host's.
+    pids["kernel"] = km.provisioner.host_pid(pids["kernel"])
+    pids["children"] = [km.provisioner.host_pid(pid) for pid in pids["children"]]  # type: ignore[attr-defined]
+    pids["supervisor"] = km.provisioner.supervisor_pid()
     kc.stop_channels()
     for pid in pids["children"]:
         assert psutil.pid_exists(pid)

@@ -37,7 +37,7 @@ class WorkerConfig:
     landlock_network: bool = False
     # The OS sandbox (bubblewrap): "auto" where it can be built, "required", or "off" (see
     # IvraloProvisioner.sandbox). Off by default for now, as for the provisioner.
-    sandbox: str = "off"
+    sandbox: str = "auto"
 
     def __post_init__(self) -> None:
         if self.sandbox not in SANDBOX_MODES:

@@ -35,7 +35,7 @@ Pause = Callable[[bool], None]
 Prompt = Callable[[dict[str, Any]], None]  # shows a question at the running cell's input prompt
 Decision = tuple[bool, str]
 PERSON_ANSWER_TIMEOUT_S = 600.0  # as the kernel's own wait (egress_judge.EGRESS_ANSWER_TIMEOUT_S)
-NOBODY_TO_ASK = "nobody to ask: no cell is running whose input prompt could show the question"
+NOBODY_TO_ASK = "nobody to ask"  # as the guard says it: no agent callback, no input prompt to show it at
 log = logging.getLogger(__name__)
 
 

@@ -33,7 +33,14 @@ from ivralo_kernel.host.egress_proxy import EgressProxy
 from ivralo_kernel.host.escalation import DeadlinePolicy
 from ivralo_kernel.host.kernelspec import SUPERVISOR_MODULE
 from ivralo_kernel.host.processes import find_in_tree, host_pid
-from ivralo_kernel.host.sandbox import MODES, TOOL_FILES_DEFAULT, SandboxPlan, availability, prepare_workspace
+from ivralo_kernel.host.sandbox import (
+    MODES,
+    TOOL_FILES_DEFAULT,
+    SandboxPlan,
+    availability,
+    dotenv_for_kernel,
+    prepare_workspace,
+)
 from ivralo_kernel.host.watchdog import Loss, Watchdog, WatchdogSettings
 from ivralo_kernel.protocol import KernelPolicy, database_env_names, names, scrub
 from ivralo_kernel.protocol.trust import is_trusted
@@ -80,7 +87,7 @@ class IvraloProvisioner(LocalProvisioner):  # type: ignore[misc]
         "at run time (a forked child's output, the debugger, a local cluster). Off when landlock is off.",
     )
     sandbox = Unicode(
-        "off",
+        "auto",
         config=True,
         help="The OS sandbox (bubblewrap) each kernel lives in. auto: used where it can be built, else the "
         "kernel runs with the Python guards and Landlock only, and says so; required: a kernel that cannot "
@@ -142,6 +149,7 @@ class IvraloProvisioner(LocalProvisioner):  # type: ignore[misc]
     egress_proxy: EgressProxy | None = None
     _sandbox_dir: str | None = None
     _supervisor: int | None = None
+    _host_pipe: tuple[int, int] | None = None  # the sandbox's supervisor sees EOF when this process is gone
 
     @validate("sandbox")
     def _valid_sandbox(self, proposal: Any) -> str:
@@ -221,6 +229,10 @@ class IvraloProvisioner(LocalProvisioner):  # type: ignore[misc]
             env[names.ENV_SANDBOX] = self.sandbox_reason
             return kwargs
         kwargs["cmd"] = self._sandboxed(bwrap, policy.workspace, list(kwargs["cmd"]), env)
+        if self._host_pipe is None:
+            self._host_pipe = os.pipe()  # both ends close-on-exec; only the read end is passed on
+        env[names.ENV_HOST_PIPE_FD] = str(self._host_pipe[0])
+        kwargs["pass_fds"] = (self._host_pipe[0],)
         return kwargs
 
     def _choose_sandbox(self) -> str | None:
@@ -265,6 +277,7 @@ class IvraloProvisioner(LocalProvisioner):  # type: ignore[misc]
             self.egress_proxy = EgressProxy(os.path.join(run_dir, "egress.sock"), self._decide_egress)
             self.egress_proxy.start()
         env[names.ENV_SANDBOX] = names.SANDBOX_BWRAP
+        env.update(dotenv_for_kernel(workspace, env))  # the file itself reads empty inside
         env[names.ENV_EGRESS_SOCKET] = self.egress_proxy.path
         env[names.ENV_RELAY_PORT] = str(names.RELAY_PORT)
         env.update(dict.fromkeys(PROXY_VARIABLES, PROXY_URL))
@@ -392,6 +405,8 @@ class IvraloProvisioner(LocalProvisioner):  # type: ignore[misc]
             if loss.parent:
                 answer_lost_execution(dict(self.connection_info), loss.parent, loss.requester, text)
             cmd, kwargs = self._launch_args
+            if self.parent is not None:
+                self.parent.cleanup_ipc_files()  # the killed kernel's socket files: the new one binds the same
             env = dict(kwargs.get("env") or os.environ)
             env[names.ENV_REPLACEMENT] = "1"  # it holds requests until its IOPub subscribers are back
             self.process = launch_kernel(cmd, **{**kwargs, "env": env})
@@ -481,6 +496,11 @@ class IvraloProvisioner(LocalProvisioner):  # type: ignore[misc]
             if self._sandbox_dir is not None:
                 shutil.rmtree(self._sandbox_dir, ignore_errors=True)
                 self._sandbox_dir = None
+            if self._host_pipe is not None:
+                for fd in self._host_pipe:
+                    with contextlib.suppress(OSError):
+                        os.close(fd)
+                self._host_pipe = None
 
 
 def _code_trees(python: str) -> tuple[str, ...]:

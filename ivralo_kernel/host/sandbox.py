@@ -16,8 +16,8 @@ table is the write policy:
 * a minimal ``/dev`` with a pty, and a ``/proc`` that shows only the sandbox's processes;
 * IPython's folder as it is, with the kernel's writes in a layer of their own that ends with it.
 
-When the sandbox's first process ends, the Linux kernel ends every process in it; ``--die-with-parent``
-ties that to the host's launch too.
+When the sandbox's first process ends, the Linux kernel ends every process in it; the supervisor
+ends when the host process does (a pipe only the host writes to reaches EOF).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ivralo_kernel.host.config import SANDBOX_MODES
-from ivralo_kernel.protocol import names
+from ivralo_kernel.protocol import database_env_names, names, scrub
 from ivralo_kernel.protocol.credentials import config_home
 
 MODES = SANDBOX_MODES
@@ -207,7 +207,11 @@ class SandboxPlan:
         return out
 
     def argv(self, command: Iterable[str]) -> list[str]:
-        a = [self.bwrap, "--unshare-all", "--die-with-parent", "--ro-bind", "/", "/"]
+        # Not --die-with-parent: Linux sends that signal when the launching *thread* exits, and
+        # jupyter_client may launch from a thread that ends (the host's life pipe says it instead).
+        # --as-pid-1: the supervisor is the sandbox's init, so when it ends (even by SIGKILL) the Linux
+        # kernel ends every process in the sandbox; bwrap's own init would wait for the last one.
+        a = [self.bwrap, "--unshare-all", "--as-pid-1", "--ro-bind", "/", "/"]
         a += ["--dev", "/dev", "--proc", "/proc"]
         for path in self.hidden():
             a += ["--tmpfs", path]
@@ -246,3 +250,24 @@ def prepare_workspace(workspace: str) -> None:
     if not os.path.exists(log):
         with open(log, "a", encoding="utf-8"):
             pass
+
+
+def dotenv_for_kernel(workspace: str, env: Mapping[str, str]) -> dict[str, str]:
+    """The workspace's ``.env`` as the kernel would have loaded it, read here by the host (inside
+    the sandbox the file reads empty): ``${VAR}`` expanded against the kernel's own, already
+    scrubbed, environment, never the host's; secrets left out; what ``env`` sets wins."""
+    path = os.path.join(workspace, names.DOTENV_FILE)
+    if not os.path.isfile(path):
+        return {}
+    from dotenv.main import DotEnv
+    from dotenv.variables import parse_variables
+
+    resolved: dict[str, str] = {}
+    for name, value in DotEnv(path, interpolate=False).dict().items():
+        if value is None:
+            continue
+        scope = {**resolved, **env}  # override=False: the environment wins, as in load_dotenv
+        resolved[name] = "".join(atom.resolve(scope) for atom in parse_variables(value))
+    db_names, _ = database_env_names(workspace, {**env, **resolved})
+    kept, _removed = scrub(resolved, db_names)
+    return {name: value for name, value in kept.items() if name not in env}

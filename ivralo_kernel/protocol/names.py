@@ -42,6 +42,9 @@ ENV_PARENT_PID: Final = "JPY_PARENT_PID"
 # The OS sandbox: "bwrap" when the kernel runs inside one, else why not (the fallback's reason).
 ENV_SANDBOX: Final = "IVRALO_SANDBOX"
 ENV_EGRESS_SOCKET: Final = "IVRALO_EGRESS_SOCKET"  # the host's egress proxy (a unix socket in the sandbox)
+# A pipe's read end whose writer only the host holds: EOF means the host process is gone (inside a
+# sandbox the supervisor's parent is bwrap, which outlives the host; a thread's exit is not a death).
+ENV_HOST_PIPE_FD: Final = "IVRALO_HOST_PIPE_FD"
 ENV_RELAY_PORT: Final = "IVRALO_RELAY_PORT"  # where the supervisor offers it on the sandbox's loopback
 SANDBOX_BWRAP: Final = "bwrap"
 # The sandbox's loopback port of the egress relay (the sandbox has its own network namespace, so a

@@ -97,6 +97,17 @@ def _start_kernel(argv: list[str], env: dict[str, str], stderr_fd: int) -> int:
     os._exit(127)
 
 
+def _host_pipe() -> int | None:
+    """The read end of the host's life pipe, if the host gave one (kept from the kernel's tree)."""
+    try:
+        fd = int(os.environ.pop(names.ENV_HOST_PIPE_FD, ""))
+        os.set_inheritable(fd, False)
+        os.set_blocking(fd, False)
+    except (ValueError, OSError):
+        return None
+    return fd
+
+
 def _exit_code(status: int) -> int:
     if os.WIFSIGNALED(status):
         return 128 + os.WTERMSIG(status)
@@ -172,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     if os.getppid() != parent:
         return 1
 
+    host_pipe = _host_pipe()
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
@@ -202,6 +214,7 @@ def main(argv: list[str] | None = None) -> int:
             if wake is not None:
                 timeout = max(0.0, min(timeout, wake - time.monotonic()))
         watch = [wake_r] + ([stage_r] if stage_open else []) + ([stderr.read_fd] if stderr.open else [])
+        watch += [host_pipe] if host_pipe is not None else []
         ready, _, _ = select.select(watch, [], [], timeout)
         if stderr.open and stderr.read_fd in ready:
             stderr.pump()
@@ -230,7 +243,8 @@ def main(argv: list[str] | None = None) -> int:
         # The parent-death signal also fires when the *thread* that started us exits while the host
         # process lives on (jupyter_client may launch from a runner thread): only a changed
         # getppid() means the host is gone.
-        if SIGNAL_KILL_NOW in received or os.getppid() != parent:
+        host_gone = host_pipe is not None and host_pipe in ready and not os.read(host_pipe, 64)
+        if SIGNAL_KILL_NOW in received or os.getppid() != parent or host_gone:
             stopped_by = "was stopped by the host" if SIGNAL_KILL_NOW in received else "lost its host"
             break
         if received & {signal.SIGTERM, signal.SIGQUIT} and term_deadline is None:
