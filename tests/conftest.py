@@ -34,6 +34,7 @@ ISOLATED_DIRS = (
     ("MPLCONFIGDIR", "mpl"),
 )
 SANDBOXED_KERNEL = "ivralo-sandboxed"
+FALLBACK_KERNEL = "ivralo-fallback"
 CREDENTIAL_NAMES = ("IVRALO_TEST_API_KEY", "IVRALO_TEST_DB_PASSWORD", "SLACK_WEBHOOK_URL")
 
 
@@ -56,6 +57,13 @@ def pytest_configure(config: pytest.Config) -> None:
         name=SANDBOXED_KERNEL,
         display_name="Python (ivralo, sandboxed)",
         provisioner_config={"sandbox": "required"},
+    )
+    # And without it, forced: the fallback mode, whose tests assert exactly what it stops.
+    install(
+        prefix=str(base / "prefix"),
+        name=FALLBACK_KERNEL,
+        display_name="Python (ivralo, no sandbox)",
+        provisioner_config={"sandbox": "off"},
     )
     os.environ["JUPYTER_PATH"] = str(base / "prefix" / "share" / "jupyter")
 

@@ -2,9 +2,8 @@
 bypasses. Every outcome is judged from outside the kernel: the file on disk, the server's count,
 the process table. Loopback only.
 
-The same cases run in the fallback mode (``IVRALO_TEST_SANDBOX=off``, see ``sandbox_mode``), where
-each test asserts exactly what that mode stops, and again as an unprivileged user
-(``test_sandbox_as_nobody.py``).
+The same routes run in the fallback mode in ``test_sandbox_fallback.py``, which asserts exactly what
+that mode stops, and both files run again as an unprivileged user (``test_sandbox_as_nobody.py``).
 """
 
 from __future__ import annotations
@@ -12,9 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
-import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,8 +22,7 @@ from conftest import PYTHON, SANDBOXED_KERNEL, gone, wait_until
 from jupyter_client.blocking.client import BlockingKernelClient
 from jupyter_client.manager import KernelManager
 from kernel_helpers import execute
-
-SECRET = "sk-live-4f9d2c1b8a7e"  # a made-up credential: it must never be readable from the kernel
+from sandbox_cases import SECRET, counting_http, sh, tcp_and_udp, try_network_routes, try_unix_sockets, unix_servers
 
 
 @pytest.fixture
@@ -43,73 +39,6 @@ def sandboxed(kc: BlockingKernelClient, km: KernelManager) -> BlockingKernelClie
     layers = kc.kernel_info(reply=True, timeout=30)["content"]["ivralo"]["layers"]
     assert layers["sandbox"].startswith("bwrap"), f"the kernel is not in the sandbox: {layers['sandbox']}"
     return kc
-
-
-def sh(kc: BlockingKernelClient, script: str) -> str:
-    """Run ``sh -c script`` from the cell, as an agent's first try would; returns what it printed."""
-    code = f"import subprocess\nr = subprocess.run(['sh', '-c', {script!r}], capture_output=True, text=True)\n"
-    code += "print(r.stdout + r.stderr)"
-    done = execute(kc, code, timeout=60)
-    assert done.status == "ok", done.outputs
-    return done.stdout
-
-
-class Counter:
-    """Connections or datagrams that reached loopback servers, counted where they land. ``close``
-    also counts what is still queued, so a hit that came just before the count is not missed."""
-
-    def __init__(self) -> None:
-        self.hits = 0
-        self._closing = threading.Event()
-        self._threads: list[threading.Thread] = []
-
-    def serve(self, listener: socket.socket, datagram: bool = False) -> None:
-        listener.settimeout(0.05)
-
-        def take() -> None:
-            if datagram:
-                listener.recvfrom(65536)
-            else:
-                listener.accept()[0].close()
-            self.hits += 1
-
-        def loop() -> None:
-            while not self._closing.is_set():
-                with contextlib.suppress(TimeoutError, OSError):
-                    take()
-            listener.setblocking(False)
-            with contextlib.suppress(OSError):
-                while True:
-                    take()
-
-        thread = threading.Thread(target=loop, daemon=True)
-        thread.start()
-        self._threads.append(thread)
-
-    def close(self) -> None:
-        self._closing.set()
-        for thread in self._threads:
-            thread.join(timeout=10)
-
-
-@contextlib.contextmanager
-def tcp_and_udp() -> Iterator[tuple[int, int, Counter, Counter]]:
-    tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    tcp.setsockopt(socket.IPPROTO_TCP, 23, 16)  # TCP_FASTOPEN: a SYN with data counts as a hit too
-    tcp.bind(("127.0.0.1", 0))
-    tcp.listen(16)
-    udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    udp.bind(("127.0.0.1", 0))
-    tcp_count, udp_count = Counter(), Counter()
-    tcp_count.serve(tcp)
-    udp_count.serve(udp, datagram=True)
-    try:
-        yield tcp.getsockname()[1], udp.getsockname()[1], tcp_count, udp_count
-    finally:
-        tcp_count.close()
-        udp_count.close()
-        tcp.close()
-        udp.close()
 
 
 def test_the_kernel_lives_in_namespaces_of_its_own(sandboxed: BlockingKernelClient, km: KernelManager) -> None:
@@ -237,90 +166,17 @@ def test_the_hosts_process_environments_are_out_of_reach(sandboxed: BlockingKern
     assert SECRET not in (workspace / "leaked.txt").read_text(errors="replace")
 
 
-@contextlib.contextmanager
-def unix_servers(tmp_path: Path) -> Iterator[tuple[list[str], Counter]]:
-    """Unix socket servers where the person's tools keep theirs: /tmp, /run/user/<uid>, abstract."""
-    counter = Counter()
-    made: list[Path] = []
-    run_user = Path(f"/run/user/{os.getuid()}")
-    if not run_user.exists():
-        run_user.mkdir(parents=True)
-        made.append(run_user)
-    addresses = [
-        f"/tmp/ivralo-test-{uuid.uuid4().hex[:8]}.sock",
-        str(run_user / f"ivralo-test-{uuid.uuid4().hex[:8]}.sock"),
-        f"\0ivralo-test-{uuid.uuid4().hex[:8]}",
-    ]
-    listeners = []
-    for address in addresses:
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        listener.bind(address)
-        listener.listen(8)
-        counter.serve(listener)
-        listeners.append(listener)
-    try:
-        yield addresses, counter
-    finally:
-        counter.close()
-        for listener, address in zip(listeners, addresses, strict=True):
-            listener.close()
-            if not address.startswith("\0"):
-                Path(address).unlink(missing_ok=True)
-        for path in made:
-            path.rmdir()
-
-
-def test_no_unix_socket_of_the_machine_is_reachable(sandboxed: BlockingKernelClient, tmp_path: Path) -> None:
-    with unix_servers(tmp_path) as (addresses, counter):
-        probe = (
-            "import socket, sys\n"
-            "for a in sys.argv[1:]:\n"
-            "    s = socket.socket(socket.AF_UNIX)\n"
-            "    try:\n        s.connect(a.replace('@', chr(0), 1)); print('connected', repr(a))\n"
-            "    except OSError as e:\n        print('refused', repr(a), e.errno)\n"
-        )
-        args = " ".join(repr(a.replace("\0", "@")) for a in addresses)
-        said = sh(sandboxed, f"python3 -I -c {probe!r} {args}")
-        done = execute(sandboxed, probe.replace("sys.argv[1:]", repr([a.replace("\0", "@") for a in addresses])))
-    assert counter.hits == 0, f"{said}\n{done.stdout}"
+def test_no_unix_socket_of_the_machine_is_reachable(sandboxed: BlockingKernelClient) -> None:
+    with unix_servers() as (addresses, counters):
+        said = try_unix_sockets(sandboxed, addresses)
+    assert [c.hits for c in counters] == [0, 0, 0], said
 
 
 def test_direct_network_routes_are_closed(sandboxed: BlockingKernelClient) -> None:
     with tcp_and_udp() as (tcp_port, udp_port, tcp_hits, udp_hits):
-        code = f"""
-import ctypes, socket, subprocess
-tries = []
-def attempt(name, fn):
-    try:
-        fn(); tries.append(name + ' done')
-    except BaseException as e:
-        tries.append(f'{{name}} {{type(e).__name__}}')
-def fastopen():
-    s = socket.socket(); s.sendmsg([b'GET / HTTP/1.0\\r\\n\\r\\n'], [], 0x20000000, ('127.0.0.1', {tcp_port}))
-def udp():
-    socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendmsg([b'x'], [], 0, ('127.0.0.1', {udp_port}))
-def raw_connect():
-    libc = ctypes.CDLL(None, use_errno=True)
-    fd = libc.socket(2, 1, 0)
-    addr = (ctypes.c_ubyte * 16)(2, 0, {tcp_port >> 8}, {tcp_port & 255}, 127, 0, 0, 1)
-    if libc.connect(fd, addr, 16) != 0:
-        raise OSError(ctypes.get_errno(), 'connect')
-attempt('fastopen', fastopen)
-attempt('udp', udp)
-attempt('ctypes', raw_connect)
-url = 'http://127.0.0.1:{tcp_port}/'
-r = subprocess.run(['curl', '-sS', '--max-time', '5', '--noproxy', '*', url], capture_output=True, text=True)
-tries.append(f'curl direct {{r.returncode}} {{r.stderr.strip()}}')
-r = subprocess.run(['curl', '-sS', '--max-time', '5', 'http://127.0.0.1:{tcp_port}/'], capture_output=True, text=True)
-tries.append(f'curl via proxy {{r.returncode}} {{r.stdout.strip()[:200]}}')
-child = "import socket; socket.create_connection(('127.0.0.1', {tcp_port}), timeout=5)"
-r = subprocess.run(['python3', '-I', '-c', child], capture_output=True, text=True)
-tries.append(f'python -I {{r.returncode}}')
-print('\\n'.join(tries))
-"""
-        done = execute(sandboxed, code, timeout=90, allow_stdin=False)  # nobody to ask
-    assert tcp_hits.hits == 0 and udp_hits.hits == 0, done.stdout
-    assert "curl via proxy 0 ivralo refused 127.0.0.1" in done.stdout, done.stdout
+        said = try_network_routes(sandboxed, tcp_port, udp_port)
+    assert tcp_hits.hits == 0 and udp_hits.hits == 0, said
+    assert "curl via proxy 0 ivralo refused 127.0.0.1" in said, said
 
 
 def test_a_setsid_child_ends_with_a_killed_supervisor(sandboxed: BlockingKernelClient, km: KernelManager) -> None:
@@ -384,37 +240,6 @@ async def test_a_start_that_must_have_the_sandbox_says_so(workspace: Path, monke
     with pytest.raises(RuntimeError, match=r"must run in an OS sandbox \(sandbox='required'\), but bubblewrap"):
         await manager.start_kernel(cwd=str(workspace))
     assert not manager.has_kernel
-
-
-@contextlib.contextmanager
-def counting_http() -> Iterator[tuple[int, list[str]]]:
-    """An HTTP server on 127.0.0.1 (the person's machine, seen from the sandbox through the proxy)
-    that records each request path it answers."""
-    import http.server
-
-    hits: list[str] = []
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            hits.append(self.path)
-            body = b"hello from the host"
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield int(httpd.server_address[1]), hits
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
-        thread.join(timeout=5)
 
 
 def fetch_in_python(port: int, path: str) -> str:

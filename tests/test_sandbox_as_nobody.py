@@ -1,6 +1,6 @@
 """The sandbox's cases again as an unprivileged user: user namespaces behave differently for root
 (CI, containers) and for everybody else, so ``tests/test_sandbox.py`` runs once more under
-``runuser -u nobody``, in its own pytest, from this checkout and this interpreter."""
+``runuser -u nobody``, with its fallback twin, in its own pytest, from this checkout and interpreter."""
 
 from __future__ import annotations
 
@@ -65,7 +65,8 @@ def test_the_sandbox_cases_pass_as_an_unprivileged_user() -> None:
                 pytest.fail(why)
             pytest.skip(why)
         done = _as_nobody(
-            sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "tests/test_sandbox.py",
+            sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
+            "tests/test_sandbox.py", "tests/test_sandbox_fallback.py",
             env=env,
             timeout=840,
         )  # fmt: skip

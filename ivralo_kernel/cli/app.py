@@ -91,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--sandbox",
         choices=("auto", "required", "off"),
-        help="the OS sandbox (bubblewrap): auto where it can be built, required, or off (default: off for now)",
+        help="the OS sandbox (bubblewrap): auto where it can be built, required, or off (default: auto)",
     )
     p.set_defaults(func=_install)
 

@@ -36,7 +36,7 @@ class WorkerConfig:
     # Off by default: it also refuses the kernel's own loopback links (debugger, forked children).
     landlock_network: bool = False
     # The OS sandbox (bubblewrap): "auto" where it can be built, "required", or "off" (see
-    # IvraloProvisioner.sandbox). Off by default for now, as for the provisioner.
+    # IvraloProvisioner.sandbox).
     sandbox: str = "auto"
 
     def __post_init__(self) -> None:

@@ -91,8 +91,7 @@ class IvraloProvisioner(LocalProvisioner):  # type: ignore[misc]
         config=True,
         help="The OS sandbox (bubblewrap) each kernel lives in. auto: used where it can be built, else the "
         "kernel runs with the Python guards and Landlock only, and says so; required: a kernel that cannot "
-        "have it does not start; off: never. Off by default until every client path is proven inside it "
-        "(issue 11 is under way); kernels installed with --sandbox auto or required get it now.",
+        "have it does not start; off: never (the Python guards and Landlock only, as in the fallback).",
     )
     tool_files = List(
         Unicode(),
@@ -303,6 +302,10 @@ class IvraloProvisioner(LocalProvisioner):  # type: ignore[misc]
         if broker is None:
             return False, "the kernel's host is shutting down"
         execution = watchdog.current_execution() if watchdog is not None else None
+        if execution is None and watchdog is not None:
+            # The cell's first request can be here before the watchdog has read its "busy": the kernel
+            # itself knows which execution is running.
+            execution = _ask_running_execution(watchdog)
 
         def prompt(content: dict[str, Any]) -> None:
             if watchdog is not None:
@@ -521,3 +524,18 @@ def _ipython_dir(env: dict[str, str]) -> str:
     with contextlib.suppress(OSError):
         os.makedirs(path, exist_ok=True)
     return path
+
+
+def _ask_running_execution(watchdog: Watchdog) -> str | None:
+    """(any thread but the watchdog's) The execution the kernel is running, asked over control."""
+    answered = threading.Event()
+    box: list[str | None] = []
+
+    def on_reply(reply: dict[str, Any]) -> None:
+        executing = (reply.get("content") or {}).get("executing")
+        box.append(executing if isinstance(executing, str) else None)
+        answered.set()
+
+    watchdog.send_control(names.MSG_STATUS_REQUEST, {}, on_reply)
+    answered.wait(EGRESS_NOTE_WAIT_S)
+    return box[0] if box else None

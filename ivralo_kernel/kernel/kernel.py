@@ -56,6 +56,7 @@ class IvraloKernel(IPythonKernel):
         self.control_handlers["create_subshell_request"] = self._refuse_subshell
         self.deadline_notices = DeadlineNotices()
         self._executing: str | None = None
+        self._executing_parent: tuple[dict[str, Any], Any] | None = None  # (request, its stdin identity)
         assert self.shell is not None
         self.shell.set_custom_exc((KeyboardInterrupt,), _show_interrupt)
         self._replacement_gate = _ReplacementGate() if os.environ.pop(names.ENV_REPLACEMENT, "") else None
@@ -131,8 +132,12 @@ class IvraloKernel(IPythonKernel):
         cell_meta: dict[str, Any] | None = None,
         cell_id: str | None = None,
     ) -> dict[str, Any]:
-        msg_id = self.get_parent("shell").get("header", {}).get("msg_id")
+        parent = self.get_parent("shell")
+        msg_id = parent.get("header", {}).get("msg_id")
         self._executing = msg_id
+        # For a question asked from another thread (the egress proxy's): the input request must name
+        # this execution as its parent, or a frontend ignores it (jupyter console does).
+        self._executing_parent = (parent, self._get_shell_context_var(self._shell_parent_ident))
         if STATE.network is not None:
             STATE.network.take_attempts()  # each cell lists only the hosts it tried
         BROKER.take_records()
@@ -158,6 +163,7 @@ class IvraloKernel(IPythonKernel):
             if self._backstop is not None:
                 self._backstop.finished()
             self._executing = None
+            self._executing_parent = None
             self.deadline_notices.discard(msg_id)
 
     @contextmanager
@@ -308,11 +314,17 @@ class _CellPrompt:
         return bool(self._kernel._allow_stdin) and self._kernel._executing is not None
 
     def ask(self, prompt: str) -> str:
-        backstop = self._kernel._backstop
+        kernel = self._kernel
+        backstop = kernel._backstop
         if backstop is not None:
             backstop.pause()
         try:
-            return str(self._kernel.raw_input(prompt))
+            running = kernel._executing_parent
+            if threading.current_thread() is threading.main_thread() or running is None:
+                return str(kernel.raw_input(prompt))
+            # Another thread: name the running execution explicitly (a thread's context has none).
+            parent, ident = running
+            return str(kernel._input_request(prompt, ident, parent, password=False))
         finally:
             if backstop is not None:
                 backstop.resume()
