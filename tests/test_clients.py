@@ -63,6 +63,12 @@ def test_interrupt_reaches_user_code(km: KernelManager, kc: BlockingKernelClient
     assert reply["parent_header"]["msg_id"] == msg_id
     assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "KeyboardInterrupt"
     after = execute(kc, "print('still here')")
+    if after.reply["content"]["status"] == "aborted":
+        # ipykernel 7's abort window after an error reply ends by a message its shell-channel thread
+        # posts asynchronously; a request sent the moment the reply arrives can land before it and
+        # is aborted (not run). That is ipykernel's, plain ipykernel included: the kernel is alive,
+        # and the next request runs.
+        after = execute(kc, "print('still here')")
     assert after.stdout == "still here\n", (after.reply["content"], after.stderr, after.outputs)
 
 

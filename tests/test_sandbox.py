@@ -368,3 +368,15 @@ async def test_a_direct_connection_is_refused_saying_what_works(workspace: Path,
     assert "example.invalid cannot be reached by a direct connection" in error, error
     assert "HTTP and HTTPS go through ivralo's proxy" in error and "ivralo.sql" in error
     assert "[ivralo network: example.invalid refused (no direct network in the sandbox)]" in result["result"]
+
+
+def test_the_kernel_holds_none_of_the_hosts_descriptors(sandboxed: BlockingKernelClient, km: KernelManager) -> None:
+    """Its stdout and stderr are pipes the host drains; what a cell writes there reaches the host's
+    own stream as text, without control characters."""
+    kernel = km.provisioner.host_pid(int(sandboxed.kernel_info(reply=True)["content"]["ivralo"]["pid"]))
+    supervisor = km.provisioner.supervisor_pid()
+    ours = {os.readlink(f"/proc/self/fd/{fd}") for fd in (0, 1, 2)}
+    for pid in (kernel, supervisor):
+        for fd in (1, 2):
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            assert target.startswith("pipe:") and target not in ours, (pid, fd, target)

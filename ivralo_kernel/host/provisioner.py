@@ -15,6 +15,7 @@ import os
 import shutil
 import signal
 import stat
+import subprocess
 import sys
 import tempfile
 import threading
@@ -31,6 +32,7 @@ from ivralo_kernel.host.announce import answer_lost_execution
 from ivralo_kernel.host.broker import BrokerResponder
 from ivralo_kernel.host.egress_proxy import EgressProxy
 from ivralo_kernel.host.escalation import DeadlinePolicy
+from ivralo_kernel.host.kernel_output import relay_output
 from ivralo_kernel.host.kernelspec import SUPERVISOR_MODULE
 from ivralo_kernel.host.processes import find_in_tree, host_pid
 from ivralo_kernel.host.sandbox import (
@@ -353,8 +355,13 @@ class IvraloProvisioner(LocalProvisioner):  # type: ignore[misc]
         return path
 
     async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> Any:
+        # Pipes, never the host's own descriptors: code in the kernel could otherwise write, seek or
+        # truncate the file the host logs to, or send a terminal's ioctls to the person's terminal.
+        kwargs["stdout"] = kwargs["stderr"] = subprocess.PIPE
         self._launch_args = (list(cmd), LocalProvisioner._scrub_kwargs(kwargs))
-        return await super().launch_kernel(cmd, **kwargs)
+        info = await super().launch_kernel(cmd, **kwargs)
+        relay_output(self.process)
+        return info
 
     async def post_launch(self, **kwargs: Any) -> None:
         await super().post_launch(**kwargs)
@@ -413,6 +420,7 @@ class IvraloProvisioner(LocalProvisioner):  # type: ignore[misc]
             env = dict(kwargs.get("env") or os.environ)
             env[names.ENV_REPLACEMENT] = "1"  # it holds requests until its IOPub subscribers are back
             self.process = launch_kernel(cmd, **{**kwargs, "env": env})
+            relay_output(self.process)
             self.pid = self.pgid = self.process.pid  # a session leader: pid = pgid
             self._supervisor = None
             self.replacements += 1

@@ -1,0 +1,41 @@
+"""[host] What a kernel's tree writes to its stdout and stderr, passed on to the host's own.
+
+The kernel gets pipes, never the host's descriptors (a cell could otherwise write, seek or truncate
+the host's log file, or drive the person's terminal). Lines are passed on as text with control
+characters other than tab removed, so the kernel cannot send escape sequences to a terminal.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import unicodedata
+from typing import IO, Any
+
+_KEEP = {"\t", "\n"}
+
+
+def printable(text: str) -> str:
+    return "".join(c for c in text if c in _KEEP or unicodedata.category(c) != "Cc")
+
+
+def _copy_lines(source: IO[bytes], target: Any) -> None:
+    with source:
+        for raw in iter(source.readline, b""):
+            try:
+                target.write(printable(raw.decode("utf-8", errors="replace")))
+                target.flush()
+            except (OSError, ValueError):  # the host's stream is closed: keep draining
+                continue
+
+
+def relay_output(process: Any) -> None:
+    """Drain the launched process's stdout and stderr pipes into the host's, on threads of their own."""
+    if process is None:
+        return
+    for source, name in ((process.stdout, "stdout"), (process.stderr, "stderr")):
+        if source is not None:
+            target = getattr(sys, name)
+            threading.Thread(
+                target=_copy_lines, args=(source, target), name=f"ivralo-kernel-{name}", daemon=True
+            ).start()
