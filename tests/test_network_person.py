@@ -143,12 +143,17 @@ def test_jupyter_console_asks_at_its_prompt(workspace: Path, port: int) -> None:
     )
     try:
         child.expect(r"In \[1\]: ")
+        # A first cell, as a person starts: jupyter console ends its wait for a cell's input requests at
+        # any "idle" of its own session, and one left over from its start-up requests can come first.
+        child.sendline("1 + 1")
+        child.expect(r"Out\[1\]: 2")
+        child.expect(r"In \[2\]: ")
         child.sendline(f"import urllib.request; print(urllib.request.urlopen('http://localhost:{port}/').status)")
         child.expect(rf"Code in this cell wants to reach localhost \(port {port}\)\. Allow\? \[yes/no\] ")
         child.sendline("yes")
         child.expect("200")
         child.expect(r"\[ivralo network: localhost allowed \(yes this time\)\]")
-        child.expect(r"In \[2\]: ")
+        child.expect(r"In \[3\]: ")
         child.sendline("exit")
         child.expect(pexpect.EOF)
     except pexpect.TIMEOUT:
