@@ -190,3 +190,42 @@ def test_the_person_is_asked_about_an_unknown_host(page: Any, lab: dict[str, Any
     finally:
         httpd.shutdown()
         httpd.server_close()
+
+
+def test_the_person_says_no_to_a_subprocess(page: Any, lab: dict[str, Any]) -> None:
+    """``!curl`` in a cell goes through the sandbox's proxy: the same question at the cell's input
+    prompt; "no" reaches nothing (judged by the server's request log)."""
+    import http.server
+    import threading
+
+    hits: list[str] = []
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def do_GET(self) -> None:
+            hits.append(self.path)
+            super().do_GET()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
+    port = int(httpd.server_address[1])
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        open_notebook(page, lab, "ask-no.ipynb", "ivralo-lab-deadline", "Python (ivralo, 2 s deadline)")
+        expect = playwright.expect
+        cells = page.locator(".jp-Notebook .jp-Cell")
+        run_in_last_cell(page, f"!curl -sS http://localhost:{port}/from-curl")
+        stdin = cells.nth(0).locator(".jp-Stdin")
+        expect(stdin).to_contain_text(
+            f"Code in this cell wants to reach localhost (port {port}). Allow? [yes/no]", timeout=30_000
+        )
+        stdin.locator("input").fill("no")
+        stdin.locator("input").press("Enter")
+        output = cells.nth(0).locator(".jp-OutputArea")
+        expect(output).to_contain_text("ivralo refused localhost", timeout=30_000)
+        expect(output).to_contain_text("[ivralo network: localhost refused (the person said no)]", timeout=30_000)
+        assert hits == [], "the person's no let nothing through"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
