@@ -389,3 +389,62 @@ def test_the_kernel_holds_none_of_the_hosts_descriptors(sandboxed: BlockingKerne
                 assert pid != launched and os.geteuid() != 0, (pid, fd)
                 continue
             assert target.startswith("pipe:") and target not in ours, (pid, fd, target)
+
+
+def test_pip_download_from_a_local_index_is_asked_about(workspace: Path, tmp_path: Path) -> None:
+    """``pip download`` in a subprocess of the cell, from an index on the person's machine: asked at
+    the agent's ``ask``; "yes" fetches the wheel (judged by the index server's log and the file)."""
+    import asyncio
+    import http.server
+    import sys
+    import threading
+    from functools import partial
+
+    from test_frontend_features import _tiny_wheel
+
+    from ivralo_kernel.host import Session, WorkerConfig
+
+    index = tmp_path / "index"
+    (index / "simple" / "ivralo-tiny").mkdir(parents=True)
+    wheel = _tiny_wheel(index)
+    (index / "simple" / "ivralo-tiny" / "index.html").write_text(f'<a href="../../{wheel.name}">{wheel.name}</a>\n')
+    hits: list[str] = []
+
+    class Index(http.server.SimpleHTTPRequestHandler):
+        def do_GET(self) -> None:
+            hits.append(self.path)
+            super().do_GET()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), partial(Index, directory=str(index)))
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    port = int(httpd.server_address[1])
+    asked: list[str] = []
+
+    async def ask(question: str, choices: tuple[str, ...]) -> str:
+        asked.append(question)
+        return "yes"
+
+    code = (
+        "import subprocess, sys\n"
+        f"r = subprocess.run([{sys.executable!r}, '-m', 'pip', 'download', '--no-deps', '--no-cache-dir', "
+        f"'--index-url', 'http://localhost:{port}/simple', '-d', 'wheels', 'ivralo-tiny'],\n"
+        "    capture_output=True, text=True)\n"
+        "print(r.returncode, r.stderr.strip()[-300:])"
+    )
+
+    async def run() -> object:
+        async with Session(workspace=workspace, ask=ask, config=WorkerConfig(sandbox="required")) as session:
+            return await session.run(code)
+
+    try:
+        result = asyncio.run(run())
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    assert isinstance(result, str) and result.startswith("0 "), result
+    assert asked == ["Code in run_python wants to reach localhost"], asked
+    assert "/simple/ivralo-tiny/" in hits and f"/{wheel.name}" in hits, hits
+    assert (workspace / "wheels" / wheel.name).read_bytes() == wheel.read_bytes()
