@@ -14,9 +14,26 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from jupyter_client.blocking.client import BlockingKernelClient
+from jupyter_client.manager import KernelManager
 from kernel_helpers import execute
 
 SECRET = "sk-live-4f9d2c1b8a7e"  # a made-up credential: it must never be readable from the kernel
+
+
+@contextlib.contextmanager
+def started_kernel(kernel_name: str, cwd: Path) -> Iterator[tuple[KernelManager, BlockingKernelClient]]:
+    """A kernel of that kernelspec, started in ``cwd`` the way jupyter console starts one, with a
+    ready client; both ended afterwards."""
+    manager = KernelManager(kernel_name=kernel_name)
+    manager.start_kernel(cwd=str(cwd))
+    client = manager.client()
+    client.start_channels()
+    try:
+        client.wait_for_ready(timeout=60)
+        yield manager, client
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)
 
 
 def sh(kc: BlockingKernelClient, script: str) -> str:

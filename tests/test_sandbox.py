@@ -22,7 +22,16 @@ from conftest import PYTHON, SANDBOXED_KERNEL, gone, wait_until
 from jupyter_client.blocking.client import BlockingKernelClient
 from jupyter_client.manager import KernelManager
 from kernel_helpers import execute
-from sandbox_cases import SECRET, counting_http, sh, tcp_and_udp, try_network_routes, try_unix_sockets, unix_servers
+from sandbox_cases import (
+    SECRET,
+    counting_http,
+    sh,
+    started_kernel,
+    tcp_and_udp,
+    try_network_routes,
+    try_unix_sockets,
+    unix_servers,
+)
 
 
 @pytest.fixture
@@ -64,16 +73,8 @@ def repo_workspace(workspace: Path) -> Path:
 
 @pytest.fixture
 def repo_kc(repo_workspace: Path) -> Iterator[BlockingKernelClient]:
-    manager = KernelManager(kernel_name=SANDBOXED_KERNEL)
-    manager.start_kernel(cwd=str(repo_workspace))
-    client = manager.client()
-    client.start_channels()
-    try:
-        client.wait_for_ready(timeout=60)
+    with started_kernel(SANDBOXED_KERNEL, repo_workspace) as (_, client):
         yield client
-    finally:
-        client.stop_channels()
-        manager.shutdown_kernel(now=True)
 
 
 def test_closed_paths_stay_closed_to_a_shell_and_to_dir_fd(repo_kc: BlockingKernelClient, repo_workspace: Path) -> None:
@@ -114,21 +115,13 @@ def test_a_linked_worktree_keeps_its_git_folders_closed(workspace: Path, tmp_pat
     worktree = workspace / "wt"
     subprocess.run(["git", "-C", str(main), "worktree", "add", "-q", str(worktree)], check=True)
     config = (main / ".git" / "config").read_bytes()
-    manager = KernelManager(kernel_name=SANDBOXED_KERNEL)
-    manager.start_kernel(cwd=str(worktree))
-    client = manager.client()
-    client.start_channels()
-    try:
-        client.wait_for_ready(timeout=60)
+    with started_kernel(SANDBOXED_KERNEL, worktree) as (_, client):
         said = sh(
             client,
             'echo evil > "$(git rev-parse --git-common-dir)/hooks/post-checkout";'
             'echo evil >> "$(git rev-parse --git-common-dir)/config";'
             'echo evil > "$(git rev-parse --git-dir)/commondir"',
         )
-    finally:
-        client.stop_channels()
-        manager.shutdown_kernel(now=True)
     assert not (main / ".git" / "hooks" / "post-checkout").exists(), said
     assert (main / ".git" / "config").read_bytes() == config, said
     assert (main / ".git" / "worktrees" / "wt" / "commondir").read_text().strip() == "../..", said
@@ -138,16 +131,8 @@ def test_dotenv_files_read_empty(workspace: Path) -> None:
     (workspace / ".env").write_text(f"ACME_API_KEY={SECRET}\n")
     (workspace / "sub").mkdir()
     (workspace / "sub" / ".env").write_text(f"OTHER={SECRET}\n")
-    manager = KernelManager(kernel_name=SANDBOXED_KERNEL)
-    manager.start_kernel(cwd=str(workspace))
-    client = manager.client()
-    client.start_channels()
-    try:
-        client.wait_for_ready(timeout=60)
+    with started_kernel(SANDBOXED_KERNEL, workspace) as (_, client):
         sh(client, "cat .env sub/.env > leaked.txt 2>&1; python3 -I -c 'print(open(\".env\").read())' >> leaked.txt")
-    finally:
-        client.stop_channels()
-        manager.shutdown_kernel(now=True)
     assert SECRET not in (workspace / "leaked.txt").read_text()
     assert SECRET in (workspace / ".env").read_text(), "the file itself is untouched"
 

@@ -20,26 +20,18 @@ from conftest import FALLBACK_KERNEL, gone, wait_until
 from jupyter_client.blocking.client import BlockingKernelClient
 from jupyter_client.manager import KernelManager
 from kernel_helpers import execute
-from sandbox_cases import SECRET, sh, tcp_and_udp, try_network_routes, try_unix_sockets, unix_servers
+from sandbox_cases import SECRET, sh, started_kernel, tcp_and_udp, try_network_routes, try_unix_sockets, unix_servers
 
 from ivralo_kernel.guards.landlock import abi
 
 
 @contextlib.contextmanager
 def fallback_kernel(workspace: Path) -> Iterator[tuple[KernelManager, BlockingKernelClient]]:
-    manager = KernelManager(kernel_name=FALLBACK_KERNEL)
-    manager.start_kernel(cwd=str(workspace))
-    client = manager.client()
-    client.start_channels()
-    try:
-        client.wait_for_ready(timeout=60)
+    with started_kernel(FALLBACK_KERNEL, workspace) as (manager, client):
         layers = client.kernel_info(reply=True, timeout=30)["content"]["ivralo"]["layers"]
         assert layers["sandbox"].startswith("none (turned off by the host's settings"), layers["sandbox"]
         assert "a subprocess or ctypes can reach the network directly" in layers["not_stopped"]
         yield manager, client
-    finally:
-        client.stop_channels()
-        manager.shutdown_kernel(now=True)
 
 
 def test_the_banner_says_there_is_no_sandbox_and_what_is_not_stopped(workspace: Path) -> None:

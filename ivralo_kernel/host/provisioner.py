@@ -30,13 +30,13 @@ from traitlets import Bool, Int, List, Unicode, validate
 
 from ivralo_kernel.host.announce import answer_lost_execution
 from ivralo_kernel.host.broker import BrokerResponder
+from ivralo_kernel.host.config import SANDBOX_MODES
 from ivralo_kernel.host.egress_proxy import EgressProxy
 from ivralo_kernel.host.escalation import DeadlinePolicy
 from ivralo_kernel.host.kernel_output import relay_output
 from ivralo_kernel.host.kernelspec import SUPERVISOR_MODULE
 from ivralo_kernel.host.processes import find_in_tree, host_pid
 from ivralo_kernel.host.sandbox import (
-    MODES,
     TOOL_FILES_DEFAULT,
     SandboxPlan,
     availability,
@@ -155,8 +155,8 @@ class IvraloProvisioner(LocalProvisioner):  # type: ignore[misc]
     @validate("sandbox")
     def _valid_sandbox(self, proposal: Any) -> str:
         value = str(proposal["value"])
-        if value not in MODES:
-            raise ValueError(f"sandbox must be one of {', '.join(MODES)}, got {value!r}")
+        if value not in SANDBOX_MODES:
+            raise ValueError(f"sandbox must be one of {', '.join(SANDBOX_MODES)}, got {value!r}")
         return value
 
     @validate("role")

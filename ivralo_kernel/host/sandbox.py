@@ -30,11 +30,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ivralo_kernel.host.config import SANDBOX_MODES
 from ivralo_kernel.protocol import database_env_names, names, scrub
 from ivralo_kernel.protocol.credentials import config_home
 
-MODES = SANDBOX_MODES
 CLOSED_SEED = (".git", names.STATE_DIR, "databases.json")
 # What other tools run or read by themselves when the person next opens the folder.
 TOOL_FILES_DEFAULT = (".vscode", ".idea", ".envrc", ".gitmodules")

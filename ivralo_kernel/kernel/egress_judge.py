@@ -16,7 +16,6 @@ from collections.abc import Callable
 from typing import Any
 
 from ivralo_kernel.kernel.broker_client import BROKER, BrokerUnavailable
-from ivralo_kernel.kernel.launch_state import STATE
 from ivralo_kernel.protocol import names
 from ivralo_kernel.protocol.egress import load_egress_policy
 
@@ -65,12 +64,8 @@ def answer_proxy_question(content: dict[str, Any]) -> None:
             payload["choice"] = _prompt(person, content)
         except Exception:  # noqa: BLE001 - an interrupted or refused prompt is a "no"
             payload["choice"] = "no"
-    # Noted before the answer leaves: the connection goes on only after the host has it, so the
-    # cell's "hosts tried" line always lists it.
-    if STATE.network is not None and not payload.get("unavailable"):
-        allowed = payload["choice"] in ("yes", "always")
-        reason = {"yes": "yes this time", "always": "always (hosts.allow)"}.get(payload["choice"], "the person said no")
-        STATE.network.note_proxied(host, port if isinstance(port, int) else None, allowed, reason)
+    # The cell's "hosts tried" line gets the host's decision (ivralo_egress_note), taken before the
+    # connection goes on.
     with contextlib.suppress(BrokerUnavailable, TimeoutError):
         BROKER.ask(names.BROKER_EGRESS_ANSWER, payload, EGRESS_ANSWER_TIMEOUT_S)
 
