@@ -4,8 +4,11 @@ For each kind, interleaved (A B C, C B A, ...) so the machine's drift does not f
 
 1. start to ready: ``start_kernel()`` until ``wait_for_ready()`` returns;
 2. ``1+1`` round trip (execute until idle and the reply), median of many, on one ready kernel;
-3. an allowed HTTP GET from the kernel's Python to a loopback server (urllib): direct for plain
-   ipykernel and ivralo without the sandbox, through the host's egress proxy inside it;
+3. an allowed HTTP GET from the kernel's Python to a loopback server (urllib) in a server process of
+   its own: direct for plain ipykernel and ivralo without the sandbox, through the host's egress
+   proxy inside it. Twice: one GET per cell (``GET``: what a person waits for, with ivralo's
+   "hosts tried" line and its note from the proxy), and the median of GETs in a loop inside one cell
+   (``loop GET``: the request alone);
 4. idle memory of the whole tree (USS summed over the launched process and its descendants).
 
 Ratios are against plain ipykernel. Run: ``.venv/bin/python bench/sandbox_cost.py [--starts N]``.
@@ -15,12 +18,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import http.server
 import json
 import statistics
+import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -33,15 +35,22 @@ from ivralo_kernel.host.manager import IvraloKernelManager
 KINDS = ("plain", "ivralo", "ivralo-sandbox")
 
 
-class _Answer(http.server.BaseHTTPRequestHandler):
-    def do_GET(self) -> None:
+# The server answers from its own process: sharing the host's process (and its GIL) with the egress
+# proxy would charge the proxy for the server's work and the server for the proxy's.
+ANSWER_SERVER = """
+import http.server, sys
+class Answer(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
         self.send_response(200)
         self.send_header("Content-Length", "2")
         self.end_headers()
         self.wfile.write(b"ok")
-
-    def log_message(self, *args: object) -> None:
+    def log_message(self, *args):
         pass
+httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Answer)
+print(httpd.server_address[1], flush=True)
+httpd.serve_forever()
+"""
 
 
 def manager(kind: str) -> AsyncKernelManager:
@@ -73,6 +82,22 @@ async def run_until_idle(kc: Any, code: str) -> float:
     return time.perf_counter() - started
 
 
+async def in_cell_median(kc: Any, port: int, gets: int) -> float:
+    """The median of ``gets`` GETs timed inside one cell, by the kernel's own clock."""
+    code = (
+        "import time, urllib.request as u, statistics as s\n"
+        f"_t = []\nfor _ in range({gets}):\n"
+        "    _s = time.perf_counter()\n"
+        f"    u.urlopen('http://127.0.0.1:{port}/', timeout=10).read()\n"
+        "    _t.append(time.perf_counter() - _s)\n"
+        "s.median(_t)"
+    )
+    reply = await kc.execute(code, reply=True, timeout=120)
+    assert reply["content"]["status"] == "ok", reply["content"]
+    result = await kc.execute(code, reply=True, user_expressions={"m": "s.median(_t)"}, timeout=120)
+    return float(result["content"]["user_expressions"]["m"]["data"]["text/plain"])
+
+
 async def one_kernel(kind: str, port: int, round_trips: int, gets: int) -> dict[str, Any]:
     workspace = tempfile.mkdtemp(prefix="ivralo-bench-")
     (Path(workspace) / ".ivralo").mkdir()
@@ -91,12 +116,19 @@ async def one_kernel(kind: str, port: int, round_trips: int, gets: int) -> dict[
         fetch = f"import urllib.request as u\nu.urlopen('http://127.0.0.1:{port}/', timeout=10).read()"
         await run_until_idle(kc, fetch)  # first one: imports
         get = [await run_until_idle(kc, fetch) for _ in range(gets)]
+        loop_get = await in_cell_median(kc, port, gets)
         pid = km.provisioner.process.pid if km.provisioner is not None else 0
         uss = uss_of_tree(pid)
     finally:
         kc.stop_channels()
         await km.shutdown_kernel(now=True)
-    return {"ready_s": ready, "rtt_s": statistics.median(rtt), "get_s": statistics.median(get), "uss": uss}
+    return {
+        "ready_s": ready,
+        "rtt_s": statistics.median(rtt),
+        "get_s": statistics.median(get),
+        "loop_get_s": loop_get,
+        "uss": uss,
+    }
 
 
 async def main() -> None:
@@ -105,25 +137,28 @@ async def main() -> None:
     parser.add_argument("--round-trips", type=int, default=40)
     parser.add_argument("--gets", type=int, default=30)
     args = parser.parse_args()
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Answer)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    port = int(httpd.server_address[1])
+    server = subprocess.Popen([sys.executable, "-c", ANSWER_SERVER], stdout=subprocess.PIPE, text=True)
+    assert server.stdout is not None
+    port = int(server.stdout.readline())  # the handshake: it listens once it has printed its port
     samples: dict[str, list[dict[str, Any]]] = {k: [] for k in KINDS}
     for trial in range(args.starts):
         order = KINDS if trial % 2 == 0 else tuple(reversed(KINDS))
         for kind in order:
             samples[kind].append(await one_kernel(kind, port, args.round_trips, args.gets))
-    httpd.shutdown()
+    server.kill()
+    server.wait()
     summary: dict[str, dict[str, float]] = {}
     for kind in KINDS:
         summary[kind] = {key: statistics.median(s[key] for s in samples[kind]) for key in samples[kind][0]}
     plain = summary["plain"]
-    print(f"{'kind':16} {'ready ms':>9} {'x':>6} {'1+1 ms':>8} {'x':>6} {'GET ms':>8} {'+ms':>6} {'USS MiB':>8}")
+    header = f"{'kind':16} {'ready ms':>9} {'x':>6} {'1+1 ms':>8} {'x':>6} {'GET ms':>8} {'+ms':>6}"
+    print(f"{header} {'loop GET ms':>12} {'+ms':>6} {'USS MiB':>8}")
     for kind in KINDS:
         s = summary[kind]
         print(
             f"{kind:16} {s['ready_s'] * 1000:9.0f} {s['ready_s'] / plain['ready_s']:6.2f} {s['rtt_s'] * 1000:8.2f} "
             f"{s['rtt_s'] / plain['rtt_s']:6.2f} {s['get_s'] * 1000:8.2f} {(s['get_s'] - plain['get_s']) * 1000:6.2f} "
+            f"{s['loop_get_s'] * 1000:12.2f} {(s['loop_get_s'] - plain['loop_get_s']) * 1000:6.2f} "
             f"{s['uss'] / 2**20:8.1f}"
         )
     out = Path(__file__).parent / "results" / f"sandbox_cost-{int(time.time())}.json"

@@ -164,3 +164,41 @@ def test_an_allowed_names_addresses_are_allowed_only_on_its_port() -> None:
             guard("socket.connect", (sock, ("127.0.0.1", 2222)))
     assert asked == [("localhost", 1111), ("127.0.0.1", 2222)]
     assert guard.take_attempts() == {"localhost": "allowed (test)", "127.0.0.1": "refused (test)"}
+
+
+def test_own_loopback_listeners_are_told_from_a_persons_server() -> None:
+    """The kernel's own listeners are found with sock_diag (what ``ss`` uses), the same sockets
+    /proc/net/tcp lists; a listener outside the tree stays outside when asked again (cached)."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    from ivralo_kernel.guards import local_links
+
+    with socket.socket() as mine, socket.socket(socket.AF_INET6) as mine6:
+        mine.bind(("127.0.0.1", 0))
+        mine.listen()
+        port = mine.getsockname()[1]
+        mine6.bind(("::1", port))
+        mine6.listen()
+        found = local_links._diag_listening_inodes(port)
+        assert found == local_links._proc_listening_inodes(port)
+        assert len(found) == 2
+        assert local_links.LocalLinks(os.getpid()).own("127.0.0.1", port)
+    listener = "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(); "
+    listener += "print(s.getsockname()[1], flush=True); input()"
+    pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE, "text": True}
+    with (
+        subprocess.Popen([sys.executable, "-c", listener], **pipes) as persons,  # type: ignore[call-overload]
+        subprocess.Popen([sys.executable, "-c", "input()"], stdin=subprocess.PIPE) as kernel,  # a tree without it
+    ):
+        try:
+            theirs = int(persons.stdout.readline())
+            links = local_links.LocalLinks(kernel.pid)
+            assert not links.own("127.0.0.1", theirs)
+            assert not links.own("127.0.0.1", theirs)
+            assert local_links._diag_listening_inodes(theirs) == local_links._proc_listening_inodes(theirs) != set()
+        finally:
+            for process in (persons, kernel):
+                process.kill()

@@ -1,6 +1,7 @@
 """The sandbox's cases again as an unprivileged user: user namespaces behave differently for root
 (CI, containers) and for everybody else, so ``tests/test_sandbox.py`` runs once more under
-``runuser -u nobody``, with its fallback twin, in its own pytest, from this checkout and interpreter."""
+``runuser -u nobody``, with its fallback twin and VS Code's raw launch (which builds the sandbox
+itself), in its own pytest, from this checkout and interpreter."""
 
 from __future__ import annotations
 
@@ -66,7 +67,7 @@ def test_the_sandbox_cases_pass_as_an_unprivileged_user() -> None:
             pytest.skip(why)
         done = _as_nobody(
             sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
-            "tests/test_sandbox.py", "tests/test_sandbox_fallback.py",
+            "tests/test_sandbox.py", "tests/test_sandbox_fallback.py", "tests/test_vscode_launch.py",
             env=env,
             timeout=840,
         )  # fmt: skip

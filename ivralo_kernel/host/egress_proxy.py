@@ -6,6 +6,10 @@ every connection) and serves HTTP ``CONNECT`` and plain HTTP requests in absolut
 agent's ``ask`` or the person at the running cell); only after a yes is the name resolved and
 connected. A refused name is never looked up. A refusal is a ``403`` whose status line and body say
 why and what to do, which curl, pip and requests show.
+
+A verdict carries ``recorded``: it blocks until the decision is where it must be before the client
+hears back (the running cell's "hosts tried" line, see ``egress_notes``). The proxy calls it as late
+as it can, after connecting and sending the request upstream, so the wait overlaps the upstream's.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import os
 import socket
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from ivralo_kernel.protocol.proxying import (
     TUNNEL_ESTABLISHED,
@@ -27,7 +32,19 @@ from ivralo_kernel.protocol.proxying import (
     splice,
 )
 
-Decide = Callable[[str, int], "tuple[bool, str]"]
+
+def _nothing_to_wait_for() -> None:
+    pass
+
+
+@dataclass(frozen=True)
+class Verdict:
+    allowed: bool
+    reason: str
+    recorded: Callable[[], None] = field(default=_nothing_to_wait_for)
+
+
+Decide = Callable[[str, int], Verdict]
 CONNECT_TIMEOUT_S = 15.0
 log = logging.getLogger(__name__)
 
@@ -72,31 +89,35 @@ class EgressProxy:
             self._answer(conn, 400, "Bad Request", f"ivralo egress proxy: {exc}")
             return
         try:
-            allowed, reason = self._decide(request.host, request.port)
+            verdict = self._decide(request.host, request.port)
         except Exception as exc:  # noqa: BLE001 - a failing decision is a refusal, never a hang
             log.warning("ivralo: deciding %s:%s failed: %s", request.host, request.port, exc)
-            allowed, reason = False, "the host could not decide"
-        self.decisions.append((request.host, request.port, allowed))
-        if not allowed:
+            verdict = Verdict(False, "the host could not decide")
+        self.decisions.append((request.host, request.port, verdict.allowed))
+        if not verdict.allowed:
+            verdict.recorded()
             # The status line carries the reason: it is what urllib, requests and pip show.
-            status = f"Forbidden by ivralo: {request.host} refused ({_one_line(reason)})"
-            self._answer(conn, 403, status, refusal_text(request, reason))
+            status = f"Forbidden by ivralo: {request.host} refused ({_one_line(verdict.reason)})"
+            self._answer(conn, 403, status, refusal_text(request, verdict.reason))
             return
         try:  # resolved only now, after the decision
             upstream = socket.create_connection((request.host, request.port), timeout=CONNECT_TIMEOUT_S)
             upstream.settimeout(None)
         except OSError as exc:
+            verdict.recorded()
             why = exc.strerror or str(exc)
             text = f"ivralo egress proxy: allowed, but {request.host}:{request.port} cannot be reached: {why}"
             self._answer(conn, 502, "Bad Gateway", text)
             return
         try:
-            if request.tunnel:
-                conn.sendall(TUNNEL_ESTABLISHED)
-            else:
+            # The client's bytes go up at once; nothing comes back to it before the decision is noted.
+            if not request.tunnel:
                 upstream.sendall(request.origin_head())
             if rest:
                 upstream.sendall(rest)
+            verdict.recorded()
+            if request.tunnel:
+                conn.sendall(TUNNEL_ESTABLISHED)
         except OSError:
             for s in (conn, upstream):
                 s.close()

@@ -26,13 +26,17 @@ def kernel_spec_dict(
     env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """The content of ``kernel.json``."""
+    env = dict(env or {})
+    sandbox = (provisioner_config or {}).get("sandbox")
+    if sandbox is not None:  # a raw launch (VS Code) reads no provisioner config, only env
+        env[names.ENV_SANDBOX_SETTING] = str(sandbox)
     return {
         "argv": kernel_argv(python),
         "display_name": display_name,
         "language": "python",
         # jupyter_client signals the supervisor's group, VS Code its pid: it passes SIGINT on, once.
         "interrupt_mode": "signal",
-        "env": dict(env or {}),
+        "env": env,
         "kernel_protocol_version": "5.5",
         "metadata": {
             # JupyterLab shows its debugger, and VS Code its Debug Cell and Run by Line, for kernels

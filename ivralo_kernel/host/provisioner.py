@@ -12,11 +12,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import shutil
 import signal
 import stat
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -30,31 +28,22 @@ from traitlets import Bool, Int, List, Unicode, validate
 
 from ivralo_kernel.host.announce import answer_lost_execution
 from ivralo_kernel.host.broker import BrokerResponder
-from ivralo_kernel.host.config import SANDBOX_MODES
-from ivralo_kernel.host.egress_proxy import EgressProxy
+from ivralo_kernel.host.egress_notes import NOTE_WAIT_S, EgressNotes
+from ivralo_kernel.host.egress_proxy import EgressProxy, Verdict
 from ivralo_kernel.host.escalation import DeadlinePolicy
 from ivralo_kernel.host.kernel_output import relay_output
 from ivralo_kernel.host.kernelspec import SUPERVISOR_MODULE
 from ivralo_kernel.host.processes import find_in_tree, host_pid
-from ivralo_kernel.host.sandbox import (
-    TOOL_FILES_DEFAULT,
-    SandboxPlan,
-    availability,
-    dotenv_for_kernel,
-    prepare_workspace,
-)
+from ivralo_kernel.host.sandbox import TOOL_FILES_DEFAULT, availability
+from ivralo_kernel.host.sandbox_launch import SandboxFolder, sandboxed_command
 from ivralo_kernel.host.watchdog import Loss, Watchdog, WatchdogSettings
 from ivralo_kernel.protocol import KernelPolicy, database_env_names, names, scrub
+from ivralo_kernel.protocol.names import SANDBOX_MODES
 from ivralo_kernel.protocol.trust import is_trusted
 
 # How long the supervisor gets to end the tree after being asked, before we SIGKILL what we see.
 SUPERVISOR_KILL_BUDGET_S = 3.0
 SIGNAL_KILL_NOW = signal.SIGUSR1  # the supervisor's "kill the tree now" (see supervisor.run)
-PROXY_URL = f"http://127.0.0.1:{names.RELAY_PORT}"
-# How long the proxy waits for the kernel to note a decision (a kernel whose native code holds the
-# GIL cannot answer; the connection goes on anyway after this).
-EGRESS_NOTE_WAIT_S = 2.0
-PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")
 
 
 class IvraloProvisioner(LocalProvisioner):  # type: ignore[misc]
@@ -148,7 +137,8 @@ class IvraloProvisioner(LocalProvisioner):  # type: ignore[misc]
     sandboxed = False  # the running kernel lives in a bwrap sandbox
     sandbox_reason = ""  # why not, when it does not
     egress_proxy: EgressProxy | None = None
-    _sandbox_dir: str | None = None
+    _egress_notes: EgressNotes | None = None
+    _sandbox_folder: SandboxFolder | None = None
     _supervisor: int | None = None
     _host_pipe: tuple[int, int] | None = None  # the sandbox's supervisor sees EOF when this process is gone
 
@@ -254,16 +244,12 @@ class IvraloProvisioner(LocalProvisioner):  # type: ignore[misc]
     def _use_ipc(self) -> None:
         """The kernel's Jupyter sockets become files in its own runtime folder (the sandbox has a
         network namespace of its own: a TCP port bound inside is not reachable from here)."""
-        if self._sandbox_dir is None:
-            self._sandbox_dir = tempfile.mkdtemp(prefix="ivralo-")  # short: sun_path holds 107 bytes
-            os.makedirs(os.path.join(self._sandbox_dir, "run"), mode=0o700)
-            with open(os.path.join(self._sandbox_dir, "empty"), "w", encoding="utf-8"):
-                pass
-            os.chmod(os.path.join(self._sandbox_dir, "empty"), 0o444)
+        if self._sandbox_folder is None:
+            self._sandbox_folder = SandboxFolder.create()
         km = self.parent
         if km is None:
             return
-        ip = os.path.join(self._sandbox_dir, "run", "kernel")
+        ip = self._sandbox_folder.kernel_ip
         if km.transport == "ipc" and km.ip == ip:
             return  # a restart: the same sockets again
         if getattr(km, "_connection_file_written", False):
@@ -271,38 +257,28 @@ class IvraloProvisioner(LocalProvisioner):  # type: ignore[misc]
         km.transport, km.ip, km.cache_ports = "ipc", ip, False
 
     def _sandboxed(self, bwrap: str, workspace: str, cmd: list[str], env: dict[str, str]) -> list[str]:
-        assert self._sandbox_dir is not None
-        run_dir = os.path.join(self._sandbox_dir, "run")
-        prepare_workspace(workspace)
+        folder = self._sandbox_folder
+        assert folder is not None
         if self.egress_proxy is None:
-            self.egress_proxy = EgressProxy(os.path.join(run_dir, "egress.sock"), self._decide_egress)
+            self.egress_proxy = EgressProxy(folder.egress_socket, self._decide_egress)
             self.egress_proxy.start()
-        env[names.ENV_SANDBOX] = names.SANDBOX_BWRAP
-        env.update(dotenv_for_kernel(workspace, env))  # the file itself reads empty inside
-        env[names.ENV_EGRESS_SOCKET] = self.egress_proxy.path
-        env[names.ENV_RELAY_PORT] = str(names.RELAY_PORT)
-        env.update(dict.fromkeys(PROXY_VARIABLES, PROXY_URL))
-        env["NO_PROXY"] = env["no_proxy"] = ""  # localhost too: the relay knows which one is meant
         connection_file = str(getattr(self.parent, "connection_file", "") or "")
-        plan = SandboxPlan(
-            bwrap=bwrap,
-            workspace=workspace,
-            run_dir=run_dir,
-            empty_file=os.path.join(self._sandbox_dir, "empty"),
+        return sandboxed_command(
+            bwrap,
+            folder,
+            workspace,
+            cmd,
+            env,
             read_only_files=tuple(p for p in (connection_file, self.policy_file) if p),
             tool_files=tuple(self.tool_files),
-            env=env,
             jupyter_runtime_dir=os.path.dirname(connection_file) or None,
-            scratch_overlays=(_ipython_dir(env),),
-            code_trees=_code_trees(cmd[0]),
         )
-        return plan.argv(cmd)
 
-    def _decide_egress(self, host: str, port: int) -> tuple[bool, str]:
+    def _decide_egress(self, host: str, port: int) -> Verdict:
         """(the egress proxy's thread) The same policy and the same people as the guard's questions."""
         broker, watchdog = self.broker, self.watchdog
         if broker is None:
-            return False, "the kernel's host is shutting down"
+            return Verdict(False, "the kernel's host is shutting down")
         execution = watchdog.current_execution() if watchdog is not None else None
         if execution is None and watchdog is not None:
             # The cell's first request can be here before the watchdog has read its "busy": the kernel
@@ -318,13 +294,12 @@ class IvraloProvisioner(LocalProvisioner):  # type: ignore[misc]
                 (watchdog.pause if on else watchdog.resume)(execution)
 
         allowed, reason = broker.egress.decide(host, port, execution, prompt if watchdog is not None else None, pause)
-        if watchdog is not None and execution is not None:
-            # The cell's "hosts tried" line lists it: the connection goes on once the kernel has it.
-            noted = threading.Event()
-            note = {"host": host, "port": port, "allowed": allowed, "reason": reason}
-            watchdog.send_control(names.MSG_EGRESS_NOTE, note, lambda _reply: noted.set())
-            noted.wait(EGRESS_NOTE_WAIT_S)
-        return allowed, reason
+        if watchdog is None or execution is None:
+            return Verdict(allowed, reason)
+        notes = self._egress_notes
+        if notes is None:
+            return Verdict(allowed, reason)
+        return Verdict(allowed, reason, notes.note(execution, host, port, allowed, reason))
 
     def supervisor_pid(self) -> int | None:
         """The supervisor's pid, as the host sees it (inside a sandbox, bwrap's processes come first)."""
@@ -383,6 +358,8 @@ class IvraloProvisioner(LocalProvisioner):  # type: ignore[misc]
             comm_id=self.broker_comm_id,
             interrupt=self._interrupt_now,
         )
+        send = self.watchdog.send_control
+        self._egress_notes = EgressNotes(lambda note, on_reply: send(names.MSG_EGRESS_NOTE, note, on_reply))
         self.watchdog.start()
 
     def _interrupt_now(self) -> None:
@@ -504,34 +481,14 @@ class IvraloProvisioner(LocalProvisioner):  # type: ignore[misc]
             if self.egress_proxy is not None:
                 self.egress_proxy.close()
                 self.egress_proxy = None
-            if self._sandbox_dir is not None:
-                shutil.rmtree(self._sandbox_dir, ignore_errors=True)
-                self._sandbox_dir = None
+            if self._sandbox_folder is not None:
+                self._sandbox_folder.remove()
+                self._sandbox_folder = None
             if self._host_pipe is not None:
                 for fd in self._host_pipe:
                     with contextlib.suppress(OSError):
                         os.close(fd)
                 self._host_pipe = None
-
-
-def _code_trees(python: str) -> tuple[str, ...]:
-    """Where the kernel's interpreter and ivralo's own code live (a venv's root, the interpreter it
-    points to, an editable checkout)."""
-    import ivralo_kernel
-
-    roots = [os.path.dirname(os.path.dirname(os.path.abspath(python)))]
-    roots.append(os.path.dirname(os.path.dirname(os.path.realpath(python))))
-    roots += [sys.prefix, sys.base_prefix, os.path.dirname(os.path.dirname(os.path.abspath(ivralo_kernel.__file__)))]
-    return tuple(roots)
-
-
-def _ipython_dir(env: dict[str, str]) -> str:
-    """IPython's folder, made if missing (IPython would make it on first use; inside the sandbox the
-    root is read-only, so it must exist before)."""
-    path = env.get("IPYTHONDIR") or os.path.join(env.get("HOME") or os.path.expanduser("~"), ".ipython")
-    with contextlib.suppress(OSError):
-        os.makedirs(path, exist_ok=True)
-    return path
 
 
 def _ask_running_execution(watchdog: Watchdog) -> str | None:
@@ -545,5 +502,5 @@ def _ask_running_execution(watchdog: Watchdog) -> str | None:
         answered.set()
 
     watchdog.send_control(names.MSG_STATUS_REQUEST, {}, on_reply)
-    answered.wait(EGRESS_NOTE_WAIT_S)
+    answered.wait(NOTE_WAIT_S)
     return box[0] if box else None

@@ -41,6 +41,12 @@ ENV_SUPERVISOR_LAYERS: Final = "IVRALO_SUPERVISOR_LAYERS"  # "subreaper=1,parent
 ENV_PARENT_PID: Final = "JPY_PARENT_PID"
 # The OS sandbox: "bwrap" when the kernel runs inside one, else why not (the fallback's reason).
 ENV_SANDBOX: Final = "IVRALO_SANDBOX"
+# The sandbox setting (auto | required | off) for a raw launch, which reads no provisioner config:
+# kernel.json's env carries it. The provisioner's own trait decides for jupyter_client hosts.
+ENV_SANDBOX_SETTING: Final = "IVRALO_SANDBOX_SETTING"
+SANDBOX_MODES: Final = ("auto", "required", "off")
+# The host of a raw launch: the supervisor hands a launch with no host over to it (exec, same pid).
+RAW_LAUNCH_MODULE: Final = "ivralo_kernel.host.raw_launch"
 ENV_EGRESS_SOCKET: Final = "IVRALO_EGRESS_SOCKET"  # the host's egress proxy (a unix socket in the sandbox)
 # A pipe's read end whose writer only the host holds: EOF means the host process is gone (inside a
 # sandbox the supervisor's parent is bwrap, which outlives the host; a thread's exit is not a death).

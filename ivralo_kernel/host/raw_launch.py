@@ -1,0 +1,221 @@
+"""[host] A raw launch in the OS sandbox: the host for a kernel that a client starts itself.
+
+VS Code runs kernel.json's argv as written, with a connection file of TCP ports it chose, and no
+jupyter_client provisioner. The supervisor it starts finds no host and hands over to this module
+(exec: the same pid, so VS Code's SIGINT and SIGTERM still reach the process it launched). Here:
+
+1. The setting (``IVRALO_SANDBOX_SETTING`` from kernel.json's env: auto, required) and whether
+   bubblewrap can build a sandbox on this machine. If not: ``required`` refuses to start, saying
+   why; ``auto`` goes back to the supervisor, which runs the kernel with the fallback's layers and
+   says so in the banner.
+2. The client's connection file is completed if it must be (no file, or ports 0: ipykernel's own
+   behaviour), and a second one is written for the kernel, over ``ipc`` in its private run folder.
+3. The egress proxy, as the provisioner runs it, except that nobody is asked: the allow list alone
+   decides (a raw launch has no channel to a person's prompt of its own).
+4. The sandbox, built as the provisioner builds it, with the supervisor inside as its pid 1.
+5. The five channels relayed between the client's TCP ports and the kernel's sockets.
+6. Signals: SIGINT is passed to the supervisor (an interrupt); SIGTERM, SIGHUP, or the client's
+   death end the kernel, gracefully first. When the kernel ends, this process exits with its status.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from typing import Any
+
+from ivralo_kernel.host.kernelspec import SUPERVISOR_MODULE
+from ivralo_kernel.host.sandbox import TOOL_FILES_DEFAULT, availability
+from ivralo_kernel.host.sandbox_launch import SandboxFolder, sandboxed_command
+from ivralo_kernel.protocol import KernelPolicy, database_env_names, names, scrub
+from ivralo_kernel.protocol.trust import is_trusted
+
+CHANNELS = ("shell", "iopub", "stdin", "control", "hb")
+TERM_GRACE_S = 5.0  # the supervisor's own grace (3 s) and its clean-up, before we end it ourselves
+PARENT_POLL_S = 0.5
+_WATCHED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGCHLD)
+
+
+def _supervisor_argv(args: list[str]) -> list[str]:
+    return [sys.executable, "-P", "-B", "-m", SUPERVISOR_MODULE, *args]
+
+
+def _fallback(args: list[str], why: str) -> None:
+    """Back to the supervisor, which runs the kernel on the fallback's layers and says why."""
+    os.environ[names.ENV_SANDBOX] = why
+    argv = _supervisor_argv(args)
+    os.execv(argv[0], argv)  # noqa: S606 - our own supervisor, no shell
+
+
+def client_connection(path: str) -> dict[str, Any]:
+    """The client's connection info, completed and written back as ipykernel would: ports it left
+    at 0 (or no file at all) are chosen here, and the file is written with them."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            info: dict[str, Any] = json.load(f)
+    except FileNotFoundError:
+        info = {}
+    if info.get("transport", "tcp") == "tcp" and all(int(info.get(f"{c}_port") or 0) for c in CHANNELS):
+        return info
+    from jupyter_client.connect import write_connection_file
+
+    port = {c: int(info.get(f"{c}_port") or 0) for c in CHANNELS}
+    _, written = write_connection_file(
+        path,
+        shell_port=port["shell"],
+        iopub_port=port["iopub"],
+        stdin_port=port["stdin"],
+        hb_port=port["hb"],
+        control_port=port["control"],
+        ip=str(info.get("ip") or "127.0.0.1"),
+        key=str(info.get("key") or uuid.uuid4()).encode(),
+        signature_scheme=str(info.get("signature_scheme") or "hmac-sha256"),
+        kernel_name=str(info.get("kernel_name") or ""),
+    )
+    return dict(written)
+
+
+def kernel_connection(client: dict[str, Any], folder: SandboxFolder) -> tuple[str, dict[str, Any]]:
+    """The kernel's connection file: the client's key, ``ipc`` sockets in the run folder (read-only
+    inside; the kernel finds every port given and writes nothing)."""
+    info = {k: v for k, v in client.items() if k not in (f"{c}_port" for c in CHANNELS)}
+    info |= {"transport": "ipc", "ip": folder.kernel_ip}
+    info |= {f"{channel}_port": number for number, channel in enumerate(CHANNELS, start=1)}
+    path = os.path.join(folder.root, "connection.json")
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(info, f)
+    os.chmod(path, 0o400)
+    return path, info
+
+
+def _connection_file_arg(args: list[str]) -> str:
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("-f", dest="connection_file", required=True)
+    known, _ = parser.parse_known_args(args)
+    return str(known.connection_file)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    setting = os.environ.get(names.ENV_SANDBOX_SETTING, "auto")
+    bwrap, why = availability()
+    if bwrap is None:
+        if setting == "required":
+            print(
+                f"ivralo: this kernel must run in an OS sandbox (sandbox='required' in its kernelspec), but "
+                f"{why}. Install bubblewrap or allow user namespaces, or reinstall the kernelspec with "
+                f"--sandbox auto to run with the Python guards and Landlock only.",
+                file=sys.stderr,
+            )
+            return 1
+        _fallback(args, why)
+        return 127  # not reached: exec
+
+    parent = os.getppid()
+    connection_file = os.path.abspath(_connection_file_arg(args))
+    client = client_connection(connection_file)
+    folder = SandboxFolder.create()
+    try:
+        return _run(bwrap, folder, client, connection_file, args, parent)
+    finally:
+        folder.remove()
+
+
+def _run(
+    bwrap: str, folder: SandboxFolder, client: dict[str, Any], connection_file: str, args: list[str], parent: int
+) -> int:
+    workspace = os.path.realpath(KernelPolicy.from_env(os.environ, os.getcwd()).workspace)
+    inner_file, inner = kernel_connection(client, folder)
+    db_names, _ = database_env_names(workspace, os.environ)
+    env, _ = scrub(os.environ, db_names)
+    env.pop(names.ENV_SANDBOX_SETTING, None)
+    env[names.ENV_WORKSPACE] = workspace
+    life_r, life_w = os.pipe()  # the supervisor inside sees EOF when this process is gone
+    env[names.ENV_HOST_PIPE_FD] = str(life_r)
+    inner_args = [*args]
+    inner_args[inner_args.index("-f") + 1] = inner_file
+    command = sandboxed_command(
+        bwrap,
+        folder,
+        workspace,
+        _supervisor_argv(inner_args),
+        env,
+        read_only_files=(inner_file,),
+        tool_files=TOOL_FILES_DEFAULT,
+        jupyter_runtime_dir=os.path.dirname(connection_file),
+    )
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    for signum in _WATCHED:
+        signal.signal(signum, lambda *_: None)
+    # The kernel starts first: the rest is set up while it boots (its first proxied request, or a
+    # message through the relay, is hundreds of milliseconds away).
+    process = subprocess.Popen(
+        command,
+        env=env,
+        cwd=workspace,
+        pass_fds=(life_r,),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    os.close(life_r)
+    # Loaded only now: each is tens of milliseconds the kernel's start need not wait for.
+    from ivralo_kernel.host.channel_relay import ChannelRelay
+    from ivralo_kernel.host.egress import EgressDesk
+    from ivralo_kernel.host.egress_proxy import EgressProxy, Verdict
+    from ivralo_kernel.host.kernel_output import relay_output
+    from ivralo_kernel.host.processes import find_in_tree
+
+    relay_output(process)
+    desk = EgressDesk(workspace, is_trusted(workspace, os.environ))
+
+    def decide(host: str, port: int) -> Verdict:
+        return Verdict(*desk.decide(host, port, None, None, lambda _on: None))
+
+    proxy = EgressProxy(folder.egress_socket, decide)
+    proxy.start()
+    ChannelRelay(client, inner).start()
+    stop_by: float | None = None
+    while process.poll() is None:
+        ready, _, _ = select.select([wake_r], [], [], PARENT_POLL_S)
+        received = set(os.read(wake_r, 512)) if ready else set()
+        supervisor = find_in_tree(process.pid, SUPERVISOR_MODULE)
+        if signal.SIGINT in received and supervisor is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(supervisor, signal.SIGINT)  # it passes the interrupt on to the kernel's group
+        ending = received & {signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT} or os.getppid() != parent
+        if ending and stop_by is None:
+            stop_by = time.monotonic() + TERM_GRACE_S
+            if supervisor is not None and signal.SIGTERM in received:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(supervisor, signal.SIGTERM)  # graceful: the kernel's own shutdown
+            else:
+                os.close(life_w)  # the supervisor ends the whole sandbox at once
+                life_w = -1
+        if stop_by is not None and time.monotonic() >= stop_by:
+            if life_w >= 0:
+                os.close(life_w)
+                life_w = -1
+            elif time.monotonic() >= stop_by + TERM_GRACE_S:  # a supervisor that cannot end: SIGKILL
+                for pid in (supervisor, process.pid):
+                    with contextlib.suppress(ProcessLookupError, TypeError):
+                        os.kill(pid, signal.SIGKILL)  # type: ignore[arg-type]
+    proxy.close()
+    return process.returncode if process.returncode >= 0 else 128 - process.returncode
+
+
+if __name__ == "__main__":
+    status = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)  # the channel proxies' threads end with the process

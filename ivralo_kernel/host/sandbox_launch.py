@@ -1,0 +1,112 @@
+"""[host] One kernel's sandbox on disk, and the command that starts the kernel in it.
+
+Shared by the two hosts that build sandboxes: ``IvraloProvisioner`` (every jupyter_client host) and
+the raw launch (``raw_launch``: VS Code runs kernel.json's argv itself). Each kernel gets a short
+private folder, ``/tmp/ivralo-XXXX``: ``run/`` holds its Jupyter sockets (``ipc``) and the egress
+proxy's socket, and is the only folder the sandbox shares with the host; ``empty`` is the file
+mounted over each ``.env``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass
+
+from ivralo_kernel.host.sandbox import SandboxPlan, dotenv_for_kernel, prepare_workspace
+from ivralo_kernel.protocol import names
+
+PROXY_URL = f"http://127.0.0.1:{names.RELAY_PORT}"
+PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")
+
+
+@dataclass(frozen=True)
+class SandboxFolder:
+    root: str
+
+    @classmethod
+    def create(cls) -> SandboxFolder:
+        root = tempfile.mkdtemp(prefix="ivralo-")  # short: a socket's sun_path holds 107 bytes
+        os.makedirs(os.path.join(root, "run"), mode=0o700)
+        folder = cls(root)
+        with open(folder.empty_file, "w", encoding="utf-8"):
+            pass
+        os.chmod(folder.empty_file, 0o444)
+        return folder
+
+    @property
+    def run_dir(self) -> str:
+        return os.path.join(self.root, "run")
+
+    @property
+    def empty_file(self) -> str:
+        return os.path.join(self.root, "empty")
+
+    @property
+    def kernel_ip(self) -> str:
+        """The ``ip`` of an ``ipc`` connection: socket files ``run/kernel-<port>``."""
+        return os.path.join(self.run_dir, "kernel")
+
+    @property
+    def egress_socket(self) -> str:
+        return os.path.join(self.run_dir, "egress.sock")
+
+    def remove(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def sandboxed_command(
+    bwrap: str,
+    folder: SandboxFolder,
+    workspace: str,
+    cmd: list[str],
+    env: dict[str, str],
+    *,
+    read_only_files: tuple[str, ...],
+    tool_files: tuple[str, ...],
+    jupyter_runtime_dir: str | None,
+) -> list[str]:
+    """``cmd`` wrapped in bwrap; ``env`` gains what the kernel needs inside (its way out, .env's values)."""
+    prepare_workspace(workspace)
+    env[names.ENV_SANDBOX] = names.SANDBOX_BWRAP
+    env.update(dotenv_for_kernel(workspace, env))  # the file itself reads empty inside
+    env[names.ENV_EGRESS_SOCKET] = folder.egress_socket
+    env[names.ENV_RELAY_PORT] = str(names.RELAY_PORT)
+    env.update(dict.fromkeys(PROXY_VARIABLES, PROXY_URL))
+    env["NO_PROXY"] = env["no_proxy"] = ""  # localhost too: the relay knows which one is meant
+    plan = SandboxPlan(
+        bwrap=bwrap,
+        workspace=workspace,
+        run_dir=folder.run_dir,
+        empty_file=folder.empty_file,
+        read_only_files=read_only_files,
+        tool_files=tool_files,
+        env=env,
+        jupyter_runtime_dir=jupyter_runtime_dir,
+        scratch_overlays=(_ipython_dir(env),),
+        code_trees=_code_trees(cmd[0]),
+    )
+    return plan.argv(cmd)
+
+
+def _code_trees(python: str) -> tuple[str, ...]:
+    """Where the kernel's interpreter and ivralo's own code live (a venv's root, the interpreter it
+    points to, an editable checkout)."""
+    import ivralo_kernel
+
+    roots = [os.path.dirname(os.path.dirname(os.path.abspath(python)))]
+    roots.append(os.path.dirname(os.path.dirname(os.path.realpath(python))))
+    roots += [sys.prefix, sys.base_prefix, os.path.dirname(os.path.dirname(os.path.abspath(ivralo_kernel.__file__)))]
+    return tuple(roots)
+
+
+def _ipython_dir(env: dict[str, str]) -> str:
+    """IPython's folder, made if missing (IPython would make it on first use; inside the sandbox the
+    root is read-only, so it must exist before)."""
+    path = env.get("IPYTHONDIR") or os.path.join(env.get("HOME") or os.path.expanduser("~"), ".ipython")
+    with contextlib.suppress(OSError):
+        os.makedirs(path, exist_ok=True)
+    return path
