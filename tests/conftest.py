@@ -171,6 +171,15 @@ def wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> None
         time.sleep(0.02)
 
 
+def kernel_in_tree(root: int) -> int:
+    """The kernel process under ``root`` (a launched supervisor), by this machine's pid: in the
+    sandbox the kernel has a pid namespace of its own, so its ``os.getpid()`` means nothing here."""
+    for process in psutil.Process(root).children(recursive=True):
+        if "ivralo_kernel.kernel" in process.cmdline():
+            return process.pid
+    raise AssertionError(f"no kernel process under pid {root}")
+
+
 def gone(pid: int) -> bool:
     """Not running: exited, or a zombie waiting for its parent (pytest, as subreaper)."""
     try:

@@ -11,8 +11,7 @@ import time
 from pathlib import Path
 
 import nbformat
-import psutil
-from conftest import gone, wait_until
+from conftest import gone, kernel_in_tree, wait_until
 from jupyter_client import AsyncKernelManager, KernelManager
 from jupyter_client.blocking.client import BlockingKernelClient
 from jupyter_client.connect import write_connection_file
@@ -136,10 +135,7 @@ def test_raw_launch_of_kernel_json_like_vscode(workspace: Path, tmp_path: Path) 
             " 'child': 'sk-raw-launch-secret' in child, 'pid': os.getpid(), 'cwd': os.getcwd()}))",
         )
         seen = json.loads(probe.stdout)
-        # Its pid as this machine sees it (in the sandbox, the kernel has a pid namespace of its own).
-        kernel_pid = next(
-            p.pid for p in psutil.Process(proc.pid).children(recursive=True) if "ivralo_kernel.kernel" in p.cmdline()
-        )
+        kernel_pid = kernel_in_tree(proc.pid)
         assert seen["environ"] is False and seen["proc"] is False and seen["child"] is False
         assert seen["cwd"] == str(workspace.resolve())
         supervisor_env = Path(f"/proc/{proc.pid}/environ").read_bytes()

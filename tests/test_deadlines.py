@@ -3,7 +3,6 @@ or lost exactly as the message says, no process left behind."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -12,7 +11,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import gone, wait_until
+from conftest import gone, kernel_in_tree, wait_until
 from jupyter_client.blocking.client import BlockingKernelClient
 from jupyter_client.connect import write_connection_file
 from jupyter_client.kernelspec import KernelSpecManager
@@ -201,7 +200,7 @@ def test_in_kernel_deadline_for_a_raw_launch(workspace: Path, tmp_path: Path) ->
             assert interrupted.reply["content"]["traceback"] == [INTERRUPTED]
             assert DEADLINE_MS / 1000 <= time.monotonic() - start <= BOUND_S + SLACK_S
             assert execute(client, "print(kept)").stdout == "1\n"
-            kernel_pid = json.loads(execute(client, "import os; print(os.getpid())").stdout)
+            kernel_pid = kernel_in_tree(proc.pid)
             start = time.monotonic()
             client.execute("sum(range(10**11))")
             assert proc.wait(timeout=BOUND_S + SLACK_S + 2) == 124, "the supervisor ended it for the deadline"

