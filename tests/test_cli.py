@@ -94,7 +94,13 @@ def test_jupyter_console(tmp_path: Path) -> None:
     assert child.exitstatus == 0
 
 
-def test_doctor_reports_each_mechanism(capsys: pytest.CaptureFixture[str]) -> None:
+def test_doctor_reports_each_mechanism(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("GITHUB_PAT", "ghp-doctor-marker")
+    monkeypatch.setenv("SSH_AUTH_SOCK", "/tmp/agent-doctor-marker")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / ".env").write_text("SMTP_PASS=smtp-doctor-marker\nPLAIN=1\n")
     code = main(["doctor", "--json"])
     report = json.loads(capsys.readouterr().out)
     by_name = {c["mechanism"]: c for c in report["checks"]}
@@ -122,4 +128,7 @@ def test_doctor_reports_each_mechanism(capsys: pytest.CaptureFixture[str]) -> No
         "operations: credential set for none; not set for photos.search (IVRALO_UNSPLASH_ACCESS_KEY)"
         in (by_name["credential broker"]["detail"])
     )
+    scrubbed = by_name["credential scrub"]["detail"]  # by name, never by value
+    assert "GITHUB_PAT" in scrubbed and "SSH_AUTH_SOCK" in scrubbed and "SMTP_PASS" in scrubbed, scrubbed
+    assert "PLAIN" not in scrubbed and "doctor-marker" not in json.dumps(report)
     assert code == (0 if report["ok"] else 1)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -60,6 +61,47 @@ def test_history_is_bounded_and_refuses_what_it_cannot_keep(tmp_path: Path) -> N
         history.save(str(f), "delete")
     kept = sorted(p.name for p in (tmp_path / "history").iterdir() if p.suffix == ".bin")
     assert len(kept) == 3 and kept[-1].endswith("f4.bin") and not any(k.endswith("f0.bin") for k in kept)
+
+
+OVERWRITES = """
+import time, statistics as s
+_t = []
+for n in range(10_000):
+    _s = time.perf_counter()
+    with open('tiny.txt', 'w') as f:
+        f.write(str(n % 10))
+    _t.append(time.perf_counter() - _s)
+print(s.median(_t[:1000]), s.median(_t[-1000:]))
+"""
+
+
+async def test_history_holds_steady_at_its_caps(workspace: Path) -> None:
+    """10,000 overwrites of a 1-byte file through a kernel: the folder and its index stay at their
+    caps (counted on disk), and the last 1,000 writes cost what the first 1,000 did."""
+    from ivralo_kernel.host import IvraloKernelManager
+
+    (workspace / "tiny.txt").write_text("0")
+    manager = IvraloKernelManager.for_settings(python=sys.executable, history_cap_count=50, history_cap_bytes=40)
+    await manager.start_kernel(cwd=str(workspace))
+    client = manager.client()
+    client.start_channels()
+    try:
+        await client.wait_for_ready(timeout=60)
+        out: list[str] = []
+        reply = await client.execute_interactive(
+            OVERWRITES, timeout=100, output_hook=lambda m: out.append(m["content"].get("text", ""))
+        )
+        assert reply["content"]["status"] == "ok", reply["content"]
+    finally:
+        client.stop_channels()
+        await manager.shutdown_kernel(now=True)
+    first, last = (float(x) for x in "".join(out).split())
+    folder = workspace / ".ivralo" / "history"
+    copies = [p for p in folder.iterdir() if not p.name.startswith("index.jsonl")]
+    assert len(copies) == 40  # the byte cap (40 one-byte copies) binds before the count cap (50)
+    assert sum(p.stat().st_size for p in copies) <= 40
+    assert len((folder / "index.jsonl").read_text().splitlines()) <= 2 * 50
+    assert last <= 2 * first + 0.0005, (first, last)  # generous: a noisy machine, medians of 1,000
 
 
 def test_readonly_role_refuses_every_write_and_names_the_tools(workspace: Path) -> None:

@@ -23,15 +23,67 @@ from ivralo_kernel.protocol import ConfigError, KernelPolicy, database_env_names
         "SLACK_WEBHOOK_URL",
         "IVRALO_SQL_URL",
         "PGPASSWORD",
+        "GITHUB_PAT",
+        "SMTP_PASS",
+        "GIT_ASKPASS",
+        "AZURE_CREDENTIALS",
+        "REGISTRY_AUTH",
+        "SSH_AUTH_SOCK",
+        "GPG_AGENT_INFO",
+        "DBUS_SESSION_BUS_ADDRESS",
+        "TMUX",
+        "TMUX_PANE",
+        "DOCKER_HOST",
+        "VSCODE_IPC_HOOK_CLI",
+        "KRB5CCNAME",
     ],
 )
 def test_credential_names_are_secret(name: str) -> None:
     assert is_secret_name(name)
 
 
-@pytest.mark.parametrize("name", ["PATH", "HOME", "KEYBOARD", "TOKENIZERS_PARALLELISM", "JPY_PARENT_PID", "LANG"])
+@pytest.mark.parametrize(
+    "name",
+    ["PATH", "PYTHONPATH", "HOME", "KEYBOARD", "TOKENIZERS_PARALLELISM", "JPY_PARENT_PID", "LANG", "PWD", "OLDPWD"],
+)
 def test_ordinary_names_are_not(name: str) -> None:
     assert not is_secret_name(name)
+
+
+def test_a_url_with_a_password_is_removed_whatever_its_name() -> None:
+    env = {"DATABASE_URL": "postgres://app:pw@db.internal/shop", "HOMEPAGE": "https://example.org/x@y", "N": "1"}
+    clean, removed = scrub(env)
+    assert removed == ["DATABASE_URL"]
+    assert clean["HOMEPAGE"] == "https://example.org/x@y"
+
+
+def test_the_persons_rule_adds_names_and_exceptions(tmp_path: Path) -> None:
+    """environment.json in the config home: "remove" adds, "keep" excepts from the heuristics only;
+    the rule travels on in IVRALO_SCRUB_RULE to a scrub that cannot see the file."""
+    (tmp_path / "environment.json").write_text(json.dumps({"remove": ["CORP_*"], "keep": ["PASSENGER_COUNT"]}))
+    env = {
+        "IVRALO_CONFIG_HOME": str(tmp_path),
+        "CORP_INTERNAL": "x",
+        "PASSENGER_COUNT": "3",
+        "IVRALO_SQL_URL": "sqlite:///x",
+        "SHOP_DB": "s",
+    }
+    clean, removed = scrub(env, {"SHOP_DB"})
+    assert removed == ["CORP_INTERNAL", "IVRALO_SQL_URL", "SHOP_DB"]
+    assert clean["PASSENGER_COUNT"] == "3"
+    inside = {k: v for k, v in clean.items() if k != "IVRALO_CONFIG_HOME"} | {"CORP_LATE": "y"}
+    again, removed_again = scrub(inside)
+    assert removed_again == ["CORP_LATE"]
+    assert again["PASSENGER_COUNT"] == "3"
+
+
+def test_a_malformed_rule_is_named_not_applied(tmp_path: Path) -> None:
+    from ivralo_kernel.protocol.credentials import rule_problems
+
+    (tmp_path / "environment.json").write_text(json.dumps({"remove": "CORP_*"}))
+    env = {"IVRALO_CONFIG_HOME": str(tmp_path)}
+    expected = f'{tmp_path / "environment.json"}: "remove" must be a list of variable names or patterns'
+    assert rule_problems(env) == [expected]
 
 
 def test_scrub_returns_names_never_values() -> None:

@@ -14,8 +14,9 @@ from typing import Any
 
 from ivralo_kernel.host import Session
 from ivralo_kernel.host.broker import BrokerResponder
-from ivralo_kernel.host.sandbox import availability
-from ivralo_kernel.protocol import names
+from ivralo_kernel.host.sandbox import availability, dotenv_kept_out
+from ivralo_kernel.protocol import database_env_names, names, scrub
+from ivralo_kernel.protocol.credentials import RULE_FILE, ScrubRule, config_home, rule_problems
 
 GIB = 1 << 30
 TCP_FLOOR_GAPS = (
@@ -96,12 +97,6 @@ def _checks(info: dict[str, Any]) -> list[dict[str, str]]:
             "Reinstall ivralo-kernel: the kernel started without its guards.",
         ),
         (
-            "credential scrub",
-            bool(layers.get("env_scrub")),
-            "credential variables never reach os.environ, /proc/self/environ or children",
-            "Reinstall ivralo-kernel.",
-        ),
-        (
             "not dumpable",
             layers.get("dumpable") is False,
             "other processes of the same user cannot read the kernel's memory or environment",
@@ -125,6 +120,29 @@ def _checks(info: dict[str, Any]) -> list[dict[str, str]]:
         {"mechanism": name, "status": "ok" if ok else "missing", "detail": detail, "next_step": "" if ok else fix}
         for name, ok, detail, fix in rows
     ]
+
+
+def _scrub_check(workspace: str, layers: dict[str, Any]) -> dict[str, str]:
+    """What the scrub keeps from a kernel started here: names from this shell's environment and
+    from the workspace's .env (names only, never values)."""
+    db_names, problems = database_env_names(workspace, os.environ)
+    rule = ScrubRule.load(os.environ)
+    _, from_env = scrub(os.environ, db_names, rule=rule)
+    from_dotenv = dotenv_kept_out(workspace, os.environ)
+    dotenv = os.path.join(workspace, names.DOTENV_FILE)
+    problems += rule_problems(os.environ)
+    detail = (
+        f"kept out of the kernel (names only): from this environment {', '.join(from_env) or 'none'}; "
+        f"from {dotenv} {', '.join(from_dotenv) or 'none'}. The host reads .env; the kernel never does. "
+        f'Extend or except in {config_home(os.environ) / RULE_FILE} ("remove" / "keep" patterns)'
+    )
+    ok = bool(layers.get("env_scrub")) and not problems
+    return {
+        "mechanism": "credential scrub",
+        "status": "ok" if ok else "missing",
+        "detail": detail,
+        "next_step": "Fix: " + " | ".join(problems) if problems else ("" if ok else "Reinstall ivralo-kernel."),
+    }
 
 
 def _broker_check(workspace: str) -> dict[str, str]:
@@ -160,7 +178,7 @@ async def _probe() -> dict[str, Any]:
             info = dict(session.kernel_info.get(names.KERNEL_INFO_SECTION) or {})
     if not isinstance(result, str):
         return {"ok": False, "error": result["error"], "checks": []}
-    checks = [*_checks(info), _broker_check(os.getcwd())]
+    checks = [*_checks(info), _scrub_check(os.getcwd(), info.get("layers", {})), _broker_check(os.getcwd())]
     return {"ok": all(c["status"] == "ok" for c in checks), "kernel": info, "checks": checks}
 
 

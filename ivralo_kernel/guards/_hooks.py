@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib.abc
 import importlib.machinery
 import os
+import re
 import sys
 import threading
 from collections.abc import Callable, Sequence
@@ -50,9 +51,21 @@ def _resolve_at(value: Any, dir_fd: Any, follow_last: bool = True) -> str | None
     return resolve(path, follow_last)
 
 
+def _store_pattern(stores: tuple[str, ...]) -> re.Pattern[str] | None:
+    """What a path string naming one of ``stores`` contains: the store's last component when it is a
+    dot-name (``.ssh``), else its last two (``.docker/config.json``, ``share/keyrings``)."""
+    marks = set()
+    for store in stores:
+        head, name = os.path.split(store.rstrip(os.sep))
+        marks.add(name.lower() if name.startswith(".") else f"{os.path.basename(head)}/{name}".lower())
+    return re.compile("|".join(sorted(map(re.escape, marks)))) if marks else None
+
+
 class FileGuard:
     def __init__(self, policy: FsPolicy, history: History) -> None:
         self.policy, self.history = policy, history
+        # The hot path's string test for the credential stores: one search for all of them.
+        self._stores = _store_pattern(policy.closed_reads)
         self.starting = True
         self.refusals = 0
         self._handlers: dict[str, Callable[[tuple[Any, ...]], None]] = {
@@ -81,7 +94,8 @@ class FileGuard:
             if (mode == "r" or mode == "rb") and type(raw) is str:
                 lowered = raw.lower()
                 if ".env" not in lowered and ".git" not in lowered and ".ivralo" not in lowered:
-                    return
+                    if self._stores is None or self._stores.search(lowered) is None:
+                        return
         handler = self._handlers.get(event)
         if handler is not None and not getattr(_own, "busy", False):
             handler(args)
@@ -113,10 +127,11 @@ class FileGuard:
             if type(raw) is str:
                 lowered = raw.lower()
                 if ".env" not in lowered and ".git" not in lowered and ".ivralo" not in lowered:
-                    return
+                    if self._stores is None or self._stores.search(lowered) is None:
+                        return
             path = _path(raw)
             if path is not None:
-                self._refuse(decide_read("open", os.path.abspath(path)))
+                self._refuse(decide_read("open", os.path.abspath(path), self.policy.closed_reads))
             return
         path = _path(raw)
         if path is None:
@@ -128,7 +143,7 @@ class FileGuard:
             writes = bool(flags & _WRITE_FLAGS)
             destroys = bool(flags & os.O_TRUNC) or (writes and not flags & (os.O_APPEND | os.O_EXCL))
         if not writes:
-            self._refuse(decide_read("open", os.path.abspath(path)))
+            self._refuse(decide_read("open", os.path.abspath(path), self.policy.closed_reads))
             return
         self._change("open for writing", resolve(path), keep=destroys)
 
@@ -140,7 +155,7 @@ class FileGuard:
     def _symlink(self, args: tuple[Any, ...]) -> None:
         target = _path(args[0])
         if target is not None:  # a link is a way to read a closed file under another name
-            self._refuse(decide_read("link to", resolve(target)))
+            self._refuse(decide_read("link to", resolve(target), self.policy.closed_reads))
         self._change("create the link", _resolve_at(args[1], args[2], False))
 
     def _link(self, args: tuple[Any, ...]) -> None:
@@ -157,14 +172,14 @@ class FileGuard:
             if "mode=memory" in query or not location:
                 return
             if "mode=ro" in query:
-                self._refuse(decide_read("open the database", resolve(location)))
+                self._refuse(decide_read("open the database", resolve(location), self.policy.closed_reads))
                 return
             database = location
         self._change("open the database", resolve(database))
 
     def _list(self, args: tuple[Any, ...]) -> None:
         path = _path(args[0]) if args else None
-        self._refuse(decide_read("list", os.path.abspath(path if path is not None else ".")))
+        self._refuse(decide_read("list", os.path.abspath(path if path is not None else "."), self.policy.closed_reads))
 
 
 class TrustGate:

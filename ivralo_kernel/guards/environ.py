@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import os
 
-from ivralo_kernel.protocol import database_env_names, is_secret_name
+from ivralo_kernel.protocol import database_env_names
+from ivralo_kernel.protocol.credentials import ScrubRule, is_secret
 
 
 def scrub_environ(workspace: str) -> tuple[list[str], list[str]]:
     """Delete credential variables. Returns (names removed, problems reading databases.json)."""
     db_names, problems = database_env_names(workspace, os.environ)
-    removed = sorted(k for k in os.environ if is_secret_name(k, db_names))
+    rule = ScrubRule.load(os.environ)
+    removed = sorted(k for k, v in os.environ.items() if is_secret(k, v, db_names, rule))
     for key in removed:
         del os.environ[key]
     return removed, problems

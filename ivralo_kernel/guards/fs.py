@@ -7,7 +7,8 @@ them directly.
   private temp folder; a symlink in the workspace that points out is outside. Closed even inside:
   ``.git/`` and ``.ivralo/`` (any case spelling), ``.env`` files, and ivralo's configuration when the
   config home is the workspace. The read-only role refuses every write.
-* Reads are free except ``.env`` files (anywhere) and ``.git/`` / ``.ivralo/`` (anywhere, any case).
+* Reads are free except ``.env`` files (anywhere), ``.git/`` / ``.ivralo/`` (anywhere, any case) and
+  the person's credential stores (``~/.ssh``, ``~/.aws``, ...: the policy's list).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ class FsPolicy:
     config_home_is_workspace: bool = False
     allow_during_startup: tuple[str, ...] = ()  # the kernel's own folders while it starts
     history_dir: str = field(default="")
+    closed_reads: tuple[str, ...] = ()  # absolute: credential stores
 
     @property
     def state_dir(self) -> str:
@@ -97,8 +99,8 @@ def decide_write(operation: str, path: str, policy: FsPolicy, starting: bool = F
     return None
 
 
-def decide_read(operation: str, path: str) -> GuardRefusal | None:
-    """A cheap string check (no filesystem access): reads are the hot path."""
+def decide_read(operation: str, path: str, closed_reads: tuple[str, ...] = ()) -> GuardRefusal | None:
+    """A cheap string check (no filesystem access): reads are the hot path. ``path`` is absolute."""
     name = os.path.basename(path.rstrip(os.sep))
     if name == names.DOTENV_FILE or (name.startswith(".env.") and operation == "open"):
         return GuardRefusal(
@@ -117,4 +119,13 @@ def decide_read(operation: str, path: str) -> GuardRefusal | None:
             why="repository internals (.git/) and ivralo's records (.ivralo/) are not readable from code",
             instead=STOP,
         )
+    for store in closed_reads:
+        if _inside(path, store):
+            return GuardRefusal(
+                guard="read guard",
+                operation=operation,
+                target=path,
+                why=f"{store} is a credential store of the person's",
+                instead=f"Code reaches services through ivralo.call and ivralo.sql, which hold credentials. {STOP}",
+            )
     return None

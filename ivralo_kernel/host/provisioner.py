@@ -34,10 +34,11 @@ from ivralo_kernel.host.escalation import DeadlinePolicy
 from ivralo_kernel.host.kernel_output import relay_output
 from ivralo_kernel.host.kernelspec import SUPERVISOR_MODULE
 from ivralo_kernel.host.processes import find_in_tree, host_pid
-from ivralo_kernel.host.sandbox import TOOL_FILES_DEFAULT, availability
+from ivralo_kernel.host.sandbox import TOOL_FILES_DEFAULT, availability, dotenv_for_kernel
 from ivralo_kernel.host.sandbox_launch import SandboxFolder, sandboxed_command
 from ivralo_kernel.host.watchdog import Loss, Watchdog, WatchdogSettings
 from ivralo_kernel.protocol import KernelPolicy, database_env_names, names, scrub
+from ivralo_kernel.protocol.credentials import CREDENTIAL_STORES, credential_store_paths
 from ivralo_kernel.protocol.names import SANDBOX_MODES
 from ivralo_kernel.protocol.trust import is_trusted
 
@@ -90,6 +91,23 @@ class IvraloProvisioner(LocalProvisioner):  # type: ignore[misc]
         config=True,
         help="Files and folders in the workspace that other tools run or read by themselves (an editor's "
         "tasks, direnv): read-only in the sandbox, like .git, .ivralo and databases.json.",
+    )
+    history_cap_bytes = Int(
+        256 << 20,
+        config=True,
+        help="The most bytes the workspace's history of overwritten files keeps (oldest pruned first).",
+    )
+    history_cap_count = Int(
+        1000,
+        config=True,
+        help="The most copies the workspace's history of overwritten files keeps (oldest pruned first).",
+    )
+    credential_stores = List(
+        Unicode(),
+        list(CREDENTIAL_STORES),
+        config=True,
+        help="The person's credential stores (relative to the home folder, or absolute): empty in the "
+        "sandbox, refused by the read guard without it. Code reaches services through the broker.",
     )
     deadline_ms = Int(
         0,
@@ -166,6 +184,9 @@ class IvraloProvisioner(LocalProvisioner):  # type: ignore[misc]
             trusted=is_trusted(self.workspace or cwd, os.environ),
             landlock=self.landlock,
             landlock_network=self.landlock and self.landlock_network,
+            credential_stores=credential_store_paths(os.environ, self.credential_stores),
+            history_cap_bytes=self.history_cap_bytes,
+            history_cap_count=self.history_cap_count,
         )
 
     def watchdog_settings(self) -> WatchdogSettings:
@@ -189,6 +210,8 @@ class IvraloProvisioner(LocalProvisioner):  # type: ignore[misc]
         original_env = dict(kwargs["env"])
         db_names, problems = database_env_names(policy.workspace, kwargs["env"])
         env, removed = scrub(kwargs["env"], db_names)
+        # The workspace's .env is read here, never by the kernel: only its plain values go in.
+        env.update(dotenv_for_kernel(policy.workspace, env))
         for problem in problems:
             self.log.warning("ivralo: %s", problem)
         if removed:  # names only: values never reach a log
@@ -271,6 +294,7 @@ class IvraloProvisioner(LocalProvisioner):  # type: ignore[misc]
             env,
             read_only_files=tuple(p for p in (connection_file, self.policy_file) if p),
             tool_files=tuple(self.tool_files),
+            credential_stores=credential_store_paths(os.environ, self.credential_stores),
             jupyter_runtime_dir=os.path.dirname(connection_file) or None,
         )
 

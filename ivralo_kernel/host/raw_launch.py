@@ -30,10 +30,10 @@ import subprocess
 import sys
 import time
 import uuid
-from typing import Any
+from typing import Any, NoReturn
 
 from ivralo_kernel.host.kernelspec import SUPERVISOR_MODULE
-from ivralo_kernel.host.sandbox import TOOL_FILES_DEFAULT, availability
+from ivralo_kernel.host.sandbox import TOOL_FILES_DEFAULT, availability, dotenv_for_kernel
 from ivralo_kernel.host.sandbox_launch import SandboxFolder, sandboxed_command
 from ivralo_kernel.protocol import KernelPolicy, database_env_names, names, scrub
 from ivralo_kernel.protocol.trust import is_trusted
@@ -48,11 +48,23 @@ def _supervisor_argv(args: list[str]) -> list[str]:
     return [sys.executable, "-P", "-B", "-m", SUPERVISOR_MODULE, *args]
 
 
-def _fallback(args: list[str], why: str) -> None:
+def kernel_env(workspace: str) -> dict[str, str]:
+    """This environment without credentials, with the workspace ``.env``'s plain values (read here:
+    the kernel never reads the file)."""
+    db_names, _ = database_env_names(workspace, os.environ)
+    env, _ = scrub(os.environ, db_names)
+    env.pop(names.ENV_SANDBOX_SETTING, None)
+    env[names.ENV_WORKSPACE] = workspace
+    env.update(dotenv_for_kernel(workspace, env))
+    return env
+
+
+def _fallback(args: list[str], workspace: str, why: str) -> NoReturn:
     """Back to the supervisor, which runs the kernel on the fallback's layers and says why."""
-    os.environ[names.ENV_SANDBOX] = why
+    env = kernel_env(workspace)
+    env[names.ENV_SANDBOX] = why
     argv = _supervisor_argv(args)
-    os.execv(argv[0], argv)  # noqa: S606 - our own supervisor, no shell
+    os.execve(argv[0], argv, env)  # noqa: S606 - our own supervisor, no shell
 
 
 def client_connection(path: str) -> dict[str, Any]:
@@ -106,6 +118,9 @@ def _connection_file_arg(args: list[str]) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     setting = os.environ.get(names.ENV_SANDBOX_SETTING, "auto")
+    workspace = os.path.realpath(KernelPolicy.from_env(os.environ, os.getcwd()).workspace)
+    if setting == "off":
+        _fallback(args, workspace, "turned off by the kernelspec (sandbox='off')")
     bwrap, why = availability()
     if bwrap is None:
         if setting == "required":
@@ -116,28 +131,29 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
             )
             return 1
-        _fallback(args, why)
-        return 127  # not reached: exec
+        _fallback(args, workspace, why)
 
     parent = os.getppid()
     connection_file = os.path.abspath(_connection_file_arg(args))
     client = client_connection(connection_file)
     folder = SandboxFolder.create()
     try:
-        return _run(bwrap, folder, client, connection_file, args, parent)
+        return _run(bwrap, folder, client, connection_file, args, parent, workspace)
     finally:
         folder.remove()
 
 
 def _run(
-    bwrap: str, folder: SandboxFolder, client: dict[str, Any], connection_file: str, args: list[str], parent: int
+    bwrap: str,
+    folder: SandboxFolder,
+    client: dict[str, Any],
+    connection_file: str,
+    args: list[str],
+    parent: int,
+    workspace: str,
 ) -> int:
-    workspace = os.path.realpath(KernelPolicy.from_env(os.environ, os.getcwd()).workspace)
     inner_file, inner = kernel_connection(client, folder)
-    db_names, _ = database_env_names(workspace, os.environ)
-    env, _ = scrub(os.environ, db_names)
-    env.pop(names.ENV_SANDBOX_SETTING, None)
-    env[names.ENV_WORKSPACE] = workspace
+    env = kernel_env(workspace)
     life_r, life_w = os.pipe()  # the supervisor inside sees EOF when this process is gone
     env[names.ENV_HOST_PIPE_FD] = str(life_r)
     inner_args = [*args]

@@ -31,25 +31,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ivralo_kernel.protocol import database_env_names, names, scrub
-from ivralo_kernel.protocol.credentials import config_home
+from ivralo_kernel.protocol.credentials import ScrubRule, config_home, credential_store_paths
 
 CLOSED_SEED = (".git", names.STATE_DIR, "databases.json")
 # What other tools run or read by themselves when the person next opens the folder.
 TOOL_FILES_DEFAULT = (".vscode", ".idea", ".envrc", ".gitmodules")
-# Credential stores in the home folder: absent in the sandbox (the broker holds what code may use).
-CREDENTIAL_STORES = (
-    ".ssh",
-    ".aws",
-    ".azure",
-    ".gnupg",
-    ".kube",
-    ".docker",
-    ".config/gcloud",
-    ".config/gh",
-    ".netrc",
-    ".git-credentials",
-    ".pypirc",
-)
 HISTORY_DIR = os.path.join(names.STATE_DIR, "history")
 ENV_SCAN_MAX_DIRS = 5000  # .env files are looked for this far; a larger tree is cut short (logged)
 ENV_SCAN_SKIP = frozenset({".git", "node_modules", ".venv", "venv", "__pycache__", ".tox", ".mypy_cache"})
@@ -171,6 +157,8 @@ class SandboxPlan:
     # The interpreter and the code the kernel runs: seen read-only even where they live in a folder
     # the sandbox empties (a virtualenv or a checkout under /tmp).
     code_trees: tuple[str, ...] = ()
+    # The person's credential stores, absolute (see protocol.credentials.CREDENTIAL_STORES).
+    credential_store_paths: tuple[str, ...] = ()
 
     def hidden(self) -> list[str]:
         """Existing folders whose content the sandbox must not see (empty inside)."""
@@ -189,8 +177,7 @@ class SandboxPlan:
 
     def credential_stores(self) -> list[str]:
         found = []
-        for name in CREDENTIAL_STORES:
-            path = os.path.join(self.home, name)
+        for path in self.credential_store_paths or credential_store_paths({"HOME": self.home}):
             if os.path.exists(path) and not _inside(os.path.realpath(path), self.workspace):
                 found.append(os.path.realpath(path))
         return found
@@ -266,6 +253,25 @@ def dotenv_for_kernel(workspace: str, env: Mapping[str, str]) -> dict[str, str]:
             continue
         scope = {**resolved, **env}  # override=False: the environment wins, as in load_dotenv
         resolved[name] = "".join(atom.resolve(scope) for atom in parse_variables(value))
-    db_names, _ = database_env_names(workspace, {**env, **resolved})
-    kept, _removed = scrub(resolved, db_names)
+    kept, _removed = dotenv_split(workspace, env, resolved)
     return {name: value for name, value in kept.items() if name not in env}
+
+
+def dotenv_split(workspace: str, env: Mapping[str, str], values: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:
+    """(the ``.env`` values the kernel may have, the names kept from it). The person's rule comes
+    from ``env`` (the host's), never from the file: a line in ``.env`` cannot except itself."""
+    db_names, _ = database_env_names(workspace, {**env, **values})
+    kept, removed = scrub(values, db_names, rule=ScrubRule.load(env))
+    kept.pop(names.ENV_SCRUB_RULE, None)
+    return kept, removed
+
+
+def dotenv_kept_out(workspace: str, env: Mapping[str, str]) -> list[str]:
+    """The names in the workspace's ``.env`` that never reach the kernel (for doctor: names only)."""
+    path = os.path.join(workspace, names.DOTENV_FILE)
+    if not os.path.isfile(path):
+        return []
+    from dotenv import dotenv_values
+
+    values = {k: v for k, v in dotenv_values(path).items() if v is not None}
+    return dotenv_split(workspace, env, values)[1]

@@ -16,7 +16,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 
-from ivralo_kernel.host.sandbox import SandboxPlan, dotenv_for_kernel, prepare_workspace
+from ivralo_kernel.host.sandbox import SandboxPlan, prepare_workspace
 from ivralo_kernel.protocol import names
 
 PROXY_URL = f"http://127.0.0.1:{names.RELAY_PORT}"
@@ -68,11 +68,11 @@ def sandboxed_command(
     read_only_files: tuple[str, ...],
     tool_files: tuple[str, ...],
     jupyter_runtime_dir: str | None,
+    credential_stores: tuple[str, ...] = (),
 ) -> list[str]:
-    """``cmd`` wrapped in bwrap; ``env`` gains what the kernel needs inside (its way out, .env's values)."""
+    """``cmd`` wrapped in bwrap; ``env`` gains what the kernel needs inside (its way out)."""
     prepare_workspace(workspace)
     env[names.ENV_SANDBOX] = names.SANDBOX_BWRAP
-    env.update(dotenv_for_kernel(workspace, env))  # the file itself reads empty inside
     env[names.ENV_EGRESS_SOCKET] = folder.egress_socket
     env[names.ENV_RELAY_PORT] = str(names.RELAY_PORT)
     env.update(dict.fromkeys(PROXY_VARIABLES, PROXY_URL))
@@ -88,6 +88,7 @@ def sandboxed_command(
         jupyter_runtime_dir=jupyter_runtime_dir,
         scratch_overlays=(_ipython_dir(env),),
         code_trees=_code_trees(cmd[0]),
+        credential_store_paths=credential_stores,
     )
     return plan.argv(cmd)
 

@@ -8,7 +8,9 @@ Order, and why:
 2. No bytecode is written, by this process or by Python processes it starts.
 3. The policy is read (the host's policy file, or the kernelspec's ``IVRALO_*`` variables).
 4. Limits are applied while the process is still small and single-threaded.
-5. Credentials leave ``os.environ``; the workspace ``.env`` is loaded; they leave it again.
+5. Credentials leave ``os.environ`` (a second pass: the host and the supervisor scrubbed it before).
+   The workspace ``.env`` is never read here: the host read it and passed its plain values in the
+   environment, so no secret value of it is ever in this process's memory.
 6. Only then is ipykernel imported and the kernel built.
 
 Each stage is reported to the supervisor; a failure is written to ``.ivralo/python-worker.log``.
@@ -38,7 +40,7 @@ from ivralo_kernel.kernel.launch_state import STATE
 from ivralo_kernel.kernel.sandbox_report import SANDBOX_DIRECT_REFUSAL, fallback_note, sandbox_layers
 from ivralo_kernel.kernel.stages import SupervisorPipe, write_failure
 from ivralo_kernel.protocol import KernelPolicy, default_memory_limit, names
-from ivralo_kernel.protocol.credentials import config_home
+from ivralo_kernel.protocol.credentials import config_home, credential_store_paths
 from ivralo_kernel.protocol.egress import load_egress_policy
 from ivralo_kernel.protocol.trust import is_trusted
 
@@ -49,14 +51,11 @@ DEVICE_TREES = ("/dev/pts",)
 _CHANNELS = ("shell", "iopub", "stdin", "control", "hb")
 
 
-def _load_dotenv(workspace: str) -> bool:
-    path = os.path.join(workspace, names.DOTENV_FILE)
-    if not os.path.isfile(path):
-        return False
-    from dotenv import load_dotenv  # only paid for when there is a .env
-
-    # override=False: what the host set wins over the file, as in every dotenv tool.
-    return load_dotenv(path, override=False, interpolate=True)
+def _credential_stores(policy: KernelPolicy, workspace: str) -> tuple[str, ...]:
+    """The stores the read guard refuses (a store inside the workspace is the workspace's own file)."""
+    listed = policy.credential_stores if policy.credential_stores is not None else credential_store_paths(os.environ)
+    stores = {os.path.realpath(p) for p in listed} | set(listed)
+    return tuple(sorted(p for p in stores if not (p == workspace or p.startswith(workspace + os.sep))))
 
 
 def _add_workspace_to_path() -> None:
@@ -220,12 +219,15 @@ def _install_file_guards(policy: KernelPolicy, workspace: str) -> tuple[FileGuar
         readonly=policy.role == names.ROLE_READONLY,
         writable_extra=(tmp, *DEVICE_FILES, *DEVICE_TREES),
         config_home_is_workspace=os.path.realpath(config_home(os.environ)) == workspace,
+        closed_reads=_credential_stores(policy, workspace),
         # While the kernel starts, IPython may create its profile folder and ipykernel its runtime files.
         allow_during_startup=tuple(
             os.path.realpath(d) for d in (ipython_dir, os.path.dirname(os.path.abspath(connection_file))) if d
         ),
     )
-    history = History(os.path.join(workspace, names.STATE_DIR, "history"), policy.history_cap_bytes)
+    history = History(
+        os.path.join(workspace, names.STATE_DIR, "history"), policy.history_cap_bytes, policy.history_cap_count
+    )
     trusted = policy.trusted if policy.trusted is not None else is_trusted(workspace, os.environ)
     return install_file_guard(fs_policy, history), trusted
 
@@ -247,8 +249,6 @@ def main() -> None:
         reporter.reached_stage(names.STAGE_LIMITS_APPLIED)
 
         removed, problems = scrub_environ(workspace)  # step 5
-        if _load_dotenv(workspace):
-            removed += scrub_environ(workspace)[0]
         STATE.workspace, STATE.role, STATE.policy, STATE.pipe = workspace, policy.role, policy, reporter
         STATE.scrubbed = sorted(set(removed))
         STATE.notes += problems

@@ -11,7 +11,8 @@ from ivralo_kernel.protocol import names
 
 SANDBOX_LAYER = (
     "bwrap: user, mount, pid, ipc, uts, net and cgroup namespaces; root file system read-only, workspace "
-    "writable, .git/.ivralo/databases.json read-only, .env unreadable, no unix socket of the machine, "
+    "writable, .git/.ivralo/databases.json read-only, .env unreadable, credential stores empty, no unix "
+    "socket of the machine, "
     "only this sandbox's processes"
 )
 EGRESS_LAYER = (
@@ -19,7 +20,8 @@ EGRESS_LAYER = (
 )
 FALLBACK_GAPS = (
     "a subprocess or ctypes can reach the network directly, write .git/ and .ivralo/ inside the "
-    "workspace, read .env and files outside it, and connect to unix sockets (tmux, docker.sock, "
+    "workspace, read .env, credential stores (~/.ssh, ~/.aws, ...) and files outside it, and connect "
+    "to unix sockets (tmux, docker.sock, "
     "ssh-agent); run as root, it can read other processes' environments"
 )
 SANDBOX_DIRECT_REFUSAL = (

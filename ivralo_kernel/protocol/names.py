@@ -16,11 +16,14 @@ IMPLEMENTATION: Final = "ivralo"
 ENV_WORKSPACE: Final = "IVRALO_WORKSPACE"
 ENV_POLICY_FILE: Final = "IVRALO_POLICY_FILE"
 ENV_CONFIG_HOME: Final = "IVRALO_CONFIG_HOME"
+# The person's scrub rule (environment.json in the config home), passed on by the hosts as JSON.
+ENV_SCRUB_RULE: Final = "IVRALO_SCRUB_RULE"
 ENV_MEMORY_LIMIT: Final = "IVRALO_MEMORY_LIMIT_BYTES"
 ENV_RLIMIT_NOFILE: Final = "IVRALO_RLIMIT_NOFILE"
 ENV_ROLE: Final = "IVRALO_ROLE"
 ENV_DEADLINE_MS: Final = "IVRALO_DEADLINE_MS"
 ENV_HISTORY_CAP: Final = "IVRALO_HISTORY_CAP_BYTES"
+ENV_HISTORY_CAP_COUNT: Final = "IVRALO_HISTORY_CAP_COUNT"
 ENV_REPLACEMENT: Final = "IVRALO_REPLACEMENT"  # "1": this kernel replaces one the watchdog killed
 ENV_LANDLOCK: Final = "IVRALO_LANDLOCK"  # "off" turns the OS write floor off (tests, diagnosis)
 ENV_LANDLOCK_NETWORK: Final = "IVRALO_LANDLOCK_NETWORK"  # "on": the TCP connect floor (off by default)

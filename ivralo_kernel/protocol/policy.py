@@ -45,17 +45,27 @@ class KernelPolicy:
     # None: the kernel reads the trust store itself (a launch without our host).
     trusted: bool | None = None
     history_cap_bytes: int = 256 << 20
+    history_cap_count: int = 1000
     landlock: bool = True  # the OS-enforced write floor, where the Linux kernel has it
     # The TCP connect floor (Landlock ABI >= 4): ports of the allowed hosts only. Part of the same
     # Landlock layer, so it is off whenever ``landlock`` is. Off unless asked for: a floor that knows
     # ports and not addresses refuses the kernel's own loopback links (a forked child's output, the
     # debugger, a local cluster), whose ports are picked at run time, and every host allowed later.
     landlock_network: bool = False
+    # Absolute paths the kernel may not read (credential stores); None: the default list.
+    credential_stores: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.role not in names.ROLES:
             raise ConfigError("role", f"{self.role!r} is not a role", f"Use one of: {', '.join(names.ROLES)}")
-        for field in ("memory_limit_bytes", "rlimit_nofile", "deadline_ms", "interrupt_grace_ms", "history_cap_bytes"):
+        for field in (
+            "memory_limit_bytes",
+            "rlimit_nofile",
+            "deadline_ms",
+            "interrupt_grace_ms",
+            "history_cap_bytes",
+            "history_cap_count",
+        ):
             value = getattr(self, field)
             if value is not None and (not isinstance(value, int) or value <= 0):
                 raise ConfigError(field, f"{value!r} is not a positive whole number", "Give a count, or leave it unset")
@@ -69,6 +79,8 @@ class KernelPolicy:
         if not isinstance(data, dict):
             raise ConfigError("policy", "the policy file does not hold an object", "Let the host write it")
         known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        if isinstance(known.get("credential_stores"), list):
+            known["credential_stores"] = tuple(known["credential_stores"])
         return cls(**known)
 
     @classmethod
@@ -91,6 +103,7 @@ class KernelPolicy:
             (names.ENV_DEADLINE_MS, "deadline_ms"),
             (names.ENV_INTERRUPT_GRACE_MS, "interrupt_grace_ms"),
             (names.ENV_HISTORY_CAP, "history_cap_bytes"),
+            (names.ENV_HISTORY_CAP_COUNT, "history_cap_count"),
         ):
             raw = env.get(var)
             if raw:

@@ -15,12 +15,9 @@ from ivralo_kernel.protocol import KernelPolicy, database_env_names, names, scru
 
 
 def hand_over_a_raw_launch(args: list[str]) -> None:
-    """Returns when a host started us (it said how: ``IVRALO_SANDBOX``) or the kernelspec turned
-    the sandbox off; otherwise becomes the raw launch's host."""
+    """Returns when a host started us (it said how: ``IVRALO_SANDBOX``); otherwise becomes the raw
+    launch's host (which also reads ``.env`` for the kernel, with the sandbox turned off too)."""
     if names.ENV_SANDBOX in os.environ or names.ENV_POLICY_FILE in os.environ:
-        return
-    if os.environ.get(names.ENV_SANDBOX_SETTING) == "off":
-        os.environ[names.ENV_SANDBOX] = "turned off by the kernelspec (sandbox='off')"
         return
     # Without the credentials: /proc/<pid>/environ keeps the block a process was started with, and
     # this pid is the one VS Code started, with its whole environment.

@@ -1,0 +1,111 @@
+"""Secrets stay out of the kernel's reach, judged from outside: its memory (``/proc/<pid>/mem``, read
+as root, as CI runs), its environment and a child's. The workspace ``.env`` is read by the host, and
+only its plain values reach the kernel; the scrub catches the names the seed rule missed and the
+session's agent and IPC variables."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from conftest import FALLBACK_KERNEL, SANDBOXED_KERNEL, kernel_in_tree
+from kernel_helpers import execute
+from sandbox_cases import started_kernel
+
+# Made-up values, each a marker: none may be found in the kernel's memory or environments.
+MARKERS = {
+    "WS_API_KEY": "sk-ws-4f1e9a2c7b",  # in .env
+    "GITHUB_PAT": "ghp-7c2d9e1f3a",  # in .env: a name the seed rule missed
+    "SMTP_PASS": "smtp-8b3a6d2e",  # in .env
+    "DATABASE_URL": "postgres://app:pw-5e8c1d7a@db.invalid/shop",  # in .env: a URL with a password
+    "HOST_ONLY_TOKEN": "tok-2a9f4c6b",  # in the host's environment
+    "SSH_AUTH_SOCK": "/tmp/ssh-marker-3d7e/agent.1",  # the session's agent
+    "DBUS_SESSION_BUS_ADDRESS": "unix:path=/run/user/0/bus-marker-6c1f",
+    "TMUX": "/tmp/tmux-marker-9e2b/default,1,0",
+}
+IN_DOTENV = ("WS_API_KEY", "GITHUB_PAT", "SMTP_PASS", "DATABASE_URL")
+PROBE = """
+import json, os, subprocess
+child = subprocess.run(['env'], capture_output=True, text=True).stdout
+print(json.dumps({'env': sorted(os.environ), 'child': [l.split('=', 1)[0] for l in child.splitlines()],
+                  'plain': os.environ.get('FROM_DOTENV')}))
+"""
+
+
+def memory_holds(pid: int, needles: list[bytes]) -> list[bytes]:
+    """The needles found in the writable memory of ``pid`` (heap, stacks, anonymous maps)."""
+    found: set[bytes] = set()
+    with open(f"/proc/{pid}/maps", encoding="ascii") as maps, open(f"/proc/{pid}/mem", "rb", 0) as mem:
+        for line in maps:
+            span, perms = line.split()[:2]
+            if not perms.startswith("rw"):
+                continue
+            start, end = (int(x, 16) for x in span.split("-"))
+            try:
+                data = os.pread(mem.fileno(), end - start, start)
+            except OSError:
+                continue  # a guard page, or a mapping gone meanwhile
+            found |= {needle for needle in needles if needle in data}
+    return sorted(found)
+
+
+@pytest.mark.parametrize("kernel_name", [SANDBOXED_KERNEL, FALLBACK_KERNEL])
+def test_no_secret_reaches_the_kernel(workspace: Path, kernel_name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("reading another process's memory needs root (CI runs as root)")
+    dotenv = [f"{name}={MARKERS[name]}" for name in IN_DOTENV] + ["FROM_DOTENV=plain-value"]
+    (workspace / ".env").write_text("\n".join(dotenv) + "\n")
+    for name in MARKERS:
+        if name not in IN_DOTENV:
+            monkeypatch.setenv(name, MARKERS[name])
+    with started_kernel(kernel_name, workspace) as (km, kc):
+        seen = json.loads(execute(kc, PROBE).stdout)
+        assert seen["plain"] == "plain-value"  # the .env's plain values do arrive
+        for where in ("env", "child"):
+            assert not set(MARKERS) & set(seen[where]), where
+        assert km.provisioner is not None
+        kernel = kernel_in_tree(km.provisioner.process.pid)
+        assert memory_holds(kernel, [value.encode() for value in MARKERS.values()]) == []
+
+
+STORES = {
+    ".ssh/id_ed25519": "ssh-key-marker-1b7d",
+    ".aws/credentials": "aws-marker-6f2a",
+    ".netrc": "netrc-marker-9c4e",
+}
+READ_STORES = """
+import json, os, subprocess
+out = {}
+for rel in %r:
+    path = os.path.join(os.path.expanduser('~'), rel)
+    try:
+        out[rel] = open(path).read()
+    except OSError as e:
+        out[rel] = f'{type(e).__name__}: {e}'
+    out['sh ' + rel] = subprocess.run(['sh', '-c', f'cat {path}'], capture_output=True, text=True).stdout
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("kernel_name", [SANDBOXED_KERNEL, FALLBACK_KERNEL])
+def test_credential_stores_are_out_of_reach(
+    workspace: Path, tmp_path: Path, kernel_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Empty in the sandbox for every process; without it, the read guard refuses Python (a shell is
+    that mode's known gap, which its banner names)."""
+    home = tmp_path / "home"
+    for rel, marker in STORES.items():
+        (home / rel).parent.mkdir(parents=True, exist_ok=True)
+        (home / rel).write_text(marker)
+    monkeypatch.setenv("HOME", str(home))
+    with started_kernel(kernel_name, workspace) as (_, kc):
+        seen = json.loads(execute(kc, READ_STORES % (list(STORES),)).stdout)
+    for rel, marker in STORES.items():
+        assert marker not in seen[rel], rel
+        if kernel_name == SANDBOXED_KERNEL:
+            assert marker not in seen["sh " + rel], rel
+        else:
+            assert "is a credential store of the person's" in seen[rel], seen[rel]
+            assert seen["sh " + rel] == marker  # the fallback's gap, said in its banner
