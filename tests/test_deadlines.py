@@ -50,7 +50,8 @@ async def test_interruptible_cells_keep_the_namespace(workspace: Path, code: str
         assert DEADLINE_MS / 1000 <= elapsed <= BOUND_S + SLACK_S, elapsed
         escalation = list(session.watchdog.escalations.values())[-1]  # type: ignore[union-attr]
         wait_until(lambda: escalation.phase.final, 2, "the watchdog to see the idle too")
-        assert escalation.path == [Phase.RUNNING, Phase.INTERRUPTING, Phase.INTERRUPTED]
+        # The kernel's idle, then the tree's quiet (what the kernel says alone could be forged).
+        assert escalation.path == [Phase.RUNNING, Phase.INTERRUPTING, Phase.SETTLING, Phase.INTERRUPTED]
         assert await session.run("print(kept)") == "still here\n"
 
 
@@ -72,6 +73,72 @@ async def test_busy_thread_left_by_the_user_is_answered_and_the_message_tells_th
             assert result["error"].startswith("REPL worker terminated (timeout: execution exceeded deadline_ms=1500")
             assert "were lost: kept." in result["error"]
             assert await session.run("print('kept' in dir())") == "False\n"
+
+
+# Code in the kernel says its cell is over (IOPub idle, forged with the kernel's own session) and
+# cancels the supervisor's backstop on the kernel's pipe, then computes, ignoring SIGINT.
+FORGES_IDLE_AND_DISARMS = """
+import os, signal
+from ivralo_kernel.kernel.launch_state import STATE
+k = get_ipython().kernel
+parent = k.get_parent('shell')
+k.session.send(k.iopub_socket, 'status', {'execution_state': 'idle'}, parent=parent, ident=k._topic('status'))
+os.write(STATE.pipe._fd, f"kill-at:{parent['header']['msg_id']}:off\\n".encode())
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+while True:
+    pass
+"""
+
+
+async def test_a_cell_that_forges_idle_and_disarms_is_still_ended(workspace: Path) -> None:
+    """Judged from outside: the kernel's process is gone, and the caller answered, within deadline +
+    grace + 250 ms, though the kernel told everyone that the cell was over."""
+    async with Session(workspace=workspace, config=CONFIG) as session:
+        await session.run("pass")
+        assert session.supervisor_pid is not None
+        kernel = kernel_in_tree(session.supervisor_pid)
+        elapsed, result = await timed(session, FORGES_IDLE_AND_DISARMS)
+        assert isinstance(result, dict), result
+        assert result["error"].startswith("REPL worker terminated (timeout: execution exceeded"), result
+        assert elapsed <= BOUND_S + SLACK_S, elapsed
+        wait_until(lambda: gone(kernel), 1, "the kernel that lied to be gone")
+
+
+# Code in the kernel asks the host about a host "for the person" (a question nobody will answer),
+# so that the deadline pauses, then computes. From a thread: the cell itself goes on.
+FORGES_A_QUESTION = """
+import threading, time
+from ivralo_kernel.kernel.broker_client import BROKER
+ask = lambda: BROKER.ask('egress', {'host': 'nobody.invalid', 'port': 443, 'person': True}, 600)
+threading.Thread(target=ask, daemon=True).start()
+time.sleep(0.2)
+while True:
+    pass
+"""
+
+
+async def test_a_forged_question_does_not_stop_the_deadline(workspace: Path) -> None:
+    """The host pauses a deadline only while its tree is quiet. Judged by a client that is not the
+    agent API (whose own fallback would mask the watchdog): the cell ends within deadline + grace
+    + 250 ms, interrupted (the loop takes the KeyboardInterrupt)."""
+    from ivralo_kernel.host.manager import IvraloKernelManager
+
+    manager = IvraloKernelManager.for_settings(
+        python=sys.executable, sandbox="off", deadline_ms=DEADLINE_MS, interrupt_grace_ms=GRACE_MS
+    )
+    await manager.start_kernel(cwd=str(workspace))
+    client = manager.client()
+    client.start_channels()
+    try:
+        await client.wait_for_ready(timeout=60)
+        start = time.monotonic()
+        reply = await client.execute_interactive(FORGES_A_QUESTION, timeout=BOUND_S + SLACK_S + 5)
+        elapsed = time.monotonic() - start
+        assert reply["content"]["status"] == "error", reply["content"]
+        assert elapsed <= BOUND_S + SLACK_S, elapsed
+    finally:
+        client.stop_channels()
+        await manager.shutdown_kernel(now=True)
 
 
 # A short sleep first lets the kernel's IOPub thread publish "busy" before native code takes the

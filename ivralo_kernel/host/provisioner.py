@@ -239,14 +239,17 @@ class IvraloProvisioner(LocalProvisioner):  # type: ignore[misc]
         kwargs["env"] = env
         kwargs["cwd"] = policy.workspace
         self._supervisor = None
+        # The host's pipe to the supervisor: EOF when this process is gone, and the deadline backstop's
+        # lines, which only we can write (both ends close-on-exec; only the read end is passed on).
+        if self._host_pipe is None:
+            self._host_pipe = os.pipe()
+            os.set_blocking(self._host_pipe[1], False)  # a wedged supervisor must not block the watchdog
+        env[names.ENV_HOST_PIPE_FD] = str(self._host_pipe[0])
+        kwargs["pass_fds"] = (self._host_pipe[0],)
         if bwrap is None:
             env[names.ENV_SANDBOX] = self.sandbox_reason
             return kwargs
         kwargs["cmd"] = self._sandboxed(bwrap, policy.workspace, list(kwargs["cmd"]), env)
-        if self._host_pipe is None:
-            self._host_pipe = os.pipe()  # both ends close-on-exec; only the read end is passed on
-        env[names.ENV_HOST_PIPE_FD] = str(self._host_pipe[0])
-        kwargs["pass_fds"] = (self._host_pipe[0],)
         return kwargs
 
     def _choose_sandbox(self) -> str | None:
@@ -381,10 +384,20 @@ class IvraloProvisioner(LocalProvisioner):  # type: ignore[misc]
             broker=self.broker,
             comm_id=self.broker_comm_id,
             interrupt=self._interrupt_now,
+            backstop=self._backstop_line,
         )
         send = self.watchdog.send_control
         self._egress_notes = EgressNotes(lambda note, on_reply: send(names.MSG_EGRESS_NOTE, note, on_reply))
         self.watchdog.start()
+
+    def _backstop_line(self, execution: str, kill_at: float | None) -> None:
+        """(watchdog thread) Arm or disarm the supervisor's backstop for one execution."""
+        pipe = self._host_pipe
+        if pipe is None:
+            return
+        when = "off" if kill_at is None else repr(kill_at)
+        with contextlib.suppress(OSError):  # full (a wedged supervisor) or closed: the watchdog still acts
+            os.write(pipe[1], f"{names.PIPE_KILL_AT}{execution}:{when}\n".encode())
 
     def _interrupt_now(self) -> None:
         """(watchdog thread) SIGINT to the supervisor, which passes it on to the kernel's group."""

@@ -22,10 +22,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
-from jupyter_client.asynchronous.client import AsyncKernelClient
-
 from ivralo_kernel.host.config import WorkerConfig
-from ivralo_kernel.host.escalation import Phase
 from ivralo_kernel.host.outputs import CellOutput, error_result, lost_names_message
 from ivralo_kernel.host.pool import HostMemoryError, WorkerPool, WorkerPoolExhaustedError
 from ivralo_kernel.host.watchdog import Watchdog
@@ -192,15 +189,16 @@ class Session:
                 idle = msg["content"]["execution_state"] == "idle"
             else:
                 out.add(msg)
-        reply = await self._shell_reply(kc, msg_id)
+        reply = await self._shell_reply(worker, msg_id)
+        if reply is None and not await worker.is_alive():  # it said idle, and was ended before replying
+            return await self._lose_worker(self._death_cause(worker))
         content = reply["content"] if reply else {}
         if content.get("status") == "ok":
             self._known_names = _names_from(content.get("user_expressions", {}).get("names"))
         return self._result(worker, msg_id, out, content)
 
     def _result(self, worker: Worker, msg_id: str, out: CellOutput, content: dict[str, Any]) -> RunResult:
-        phase = worker.watchdog.phase_of(msg_id) if worker.watchdog else None
-        if phase in (Phase.INTERRUPTING, Phase.CONFIRMING, Phase.INTERRUPTED):
+        if worker.watchdog is not None and worker.watchdog.interrupted(msg_id):
             return error_result(out.text, names.INTERRUPTED_TEXT.format(deadline_ms=self.config.deadline_ms))
         if out.error is not None or content.get("status") == "error":
             error = out.error or f"{content.get('ename')}: {content.get('evalue')}"
@@ -238,12 +236,14 @@ class Session:
             return f"timeout: execution exceeded deadline_ms={self.config.deadline_ms}{observer}"
         return f"crash: {_exit_description(status)}{observer}"
 
-    async def _shell_reply(self, kc: AsyncKernelClient, msg_id: str) -> dict[str, Any] | None:
+    async def _shell_reply(self, worker: Worker, msg_id: str) -> dict[str, Any] | None:
         deadline = time.monotonic() + self.config.namespace_timeout_ms / 1000
         while time.monotonic() < deadline:
             try:
-                reply: dict[str, Any] = await kc.get_shell_msg(timeout=_POLL_S)
+                reply: dict[str, Any] = await worker.kc.get_shell_msg(timeout=_POLL_S)
             except queue.Empty:
+                if not await worker.is_alive():
+                    return None
                 continue
             if reply["parent_header"].get("msg_id") == msg_id:
                 return reply
@@ -353,7 +353,7 @@ class Session:
         async with self._lock:
             worker = await self._ensure_started()
             msg_id = worker.kc.execute(code, silent=True, store_history=False, user_expressions=expressions)
-            reply = await self._shell_reply(worker.kc, msg_id)
+            reply = await self._shell_reply(worker, msg_id)
         if reply is None:
             raise NamespaceTimeoutError(
                 f"the namespace request did not answer within namespace_timeout_ms={self.config.namespace_timeout_ms}; "

@@ -33,7 +33,7 @@ from jupyter_client.session import Session as JupyterSession
 
 from ivralo_kernel.host.broker import BrokerResponder
 from ivralo_kernel.host.escalation import Action, DeadlinePolicy, Escalation, Phase
-from ivralo_kernel.host.observer import Observer, human_bytes
+from ivralo_kernel.host.observer import Observer, Sample, human_bytes, sample_tree
 from ivralo_kernel.protocol import names
 
 CONTROL_ANSWER_S = 0.1  # how long the kernel has to act on a deadline notice itself
@@ -41,6 +41,12 @@ HELLO_RETRY_S = 0.5  # the broker hello is sent again until the kernel answers i
 RECONNECT_IVL_MS = 10  # how often our sockets retry a kernel that is not bound yet
 REPLY_MARGIN_S = 0.05  # how much longer its answer may take to reach us
 KEEP_OUTCOMES = 64
+# A settling execution's tree is quiet when it used at most this share of one core since the last
+# sample (ipykernel's own bookkeeping after a cell is a few milliseconds).
+QUIET_CPU_SHARE = 0.25
+# Between the end of the grace and the supervisor's kill, as the kernel's own backstop has it
+# (kernel/deadline.py BACKSTOP_SLACK_S: the host acts first, the supervisor catches what it missed).
+BACKSTOP_SLACK_S = 0.12
 
 
 @dataclass(frozen=True)
@@ -77,8 +83,13 @@ class Watchdog:
         broker: BrokerResponder | None = None,
         comm_id: str | None = None,
         interrupt: Callable[[], None] | None = None,
+        backstop: Callable[[str, float | None], None] | None = None,
     ) -> None:
         self.settings = settings
+        # The supervisor's backstop, armed and disarmed by us alone (execution, CLOCK_MONOTONIC or None).
+        self._backstop = backstop
+        self._armed: set[str] = set()
+        self._settle_from: dict[str, Sample] = {}  # a settling execution's last sample of the tree
         self.root_pid = root_pid
         self._info = connection_info
         self._kill_tree = kill_tree
@@ -131,6 +142,12 @@ class Watchdog:
             escalation = self.escalations.get(msg_id)
             return escalation.phase if escalation else None
 
+    def interrupted(self, msg_id: str) -> bool:
+        """The deadline interrupted this execution (whether or not its tree has settled yet)."""
+        with self._lock:
+            escalation = self.escalations.get(msg_id)
+            return escalation is not None and escalation.interrupted
+
     def take_soft_notice(self) -> str | None:
         """The memory soft-limit line, once per episode (the next result carries it)."""
         with self._lock:
@@ -141,11 +158,30 @@ class Watchdog:
         with self._lock:
             if msg_id in self.escalations:
                 self.escalations[msg_id].pause(self._clock())
+                self._settle_from.pop(msg_id, None)  # the first check takes the reference sample
+                self._arm(msg_id)
 
     def resume(self, msg_id: str) -> None:
         with self._lock:
             if msg_id in self.escalations:
                 self.escalations[msg_id].resume(self._clock())
+                self._arm(msg_id)
+
+    def _arm(self, msg_id: str) -> None:
+        """(holding the lock) The supervisor's kill time for ``msg_id`` follows its escalation: the
+        deadline's remainder plus the grace and slack while it runs; none while paused or final."""
+        escalation = self.escalations.get(msg_id)
+        if self._backstop is None or escalation is None:
+            return
+        running = escalation.phase in (Phase.RUNNING, Phase.INTERRUPTING, Phase.CONFIRMING, Phase.SETTLING)
+        if running and not escalation.paused:
+            policy = escalation.policy
+            left = (policy.deadline_ms + policy.interrupt_grace_ms) / 1000 - escalation.elapsed(self._clock())
+            self._armed.add(msg_id)
+            self._backstop(msg_id, time.monotonic() + max(0.0, left) + BACKSTOP_SLACK_S)
+        elif msg_id in self._armed:
+            self._armed.discard(msg_id)
+            self._backstop(msg_id, None)
 
     def current_execution(self) -> str | None:
         """The execution running now (the latest one the kernel said it is busy with)."""
@@ -264,8 +300,13 @@ class Watchdog:
                 self.running[msg_id] = parent
                 self._requesters[msg_id] = _requester(msg)
                 self.observer.busy = True
-                if self.settings.deadline is not None:
+                for earlier, escalation in self.escalations.items():
+                    if earlier != msg_id and escalation.phase is Phase.SETTLING:
+                        escalation.on_next_execution(now)
+                        self._arm(earlier)
+                if self.settings.deadline is not None and msg_id not in self.escalations:
                     self.escalations[msg_id] = Escalation(self.settings.deadline, started_at=now)
+                    self._arm(msg_id)
                     while len(self.escalations) > KEEP_OUTCOMES:
                         self.escalations.popitem(last=False)
             elif state == "idle":
@@ -274,6 +315,11 @@ class Watchdog:
                 self.observer.busy = False
                 if msg_id in self.escalations:
                     self.escalations[msg_id].on_idle(now)
+                    if self.escalations[msg_id].phase is Phase.SETTLING:
+                        # The kernel's word; the tree's comes from samples from here on.
+                        reference = sample_tree(self.root_pid, self._clock)
+                        if reference is not None:
+                            self._settle_from[msg_id] = reference
 
     def _on_broker_request(self, msg: dict[str, Any]) -> None:
         content = msg.get("content") or {}
@@ -314,6 +360,11 @@ class Watchdog:
                 if escalation
                 else Action.NONE
             )
+            if escalation is not None and escalation.phase is Phase.SETTLING:
+                reference = sample_tree(self.root_pid, self._clock)
+                if reference is not None:
+                    self._settle_from[msg_id] = reference
+            self._arm(msg_id)
         if action is Action.KILL:
             self._kill(msg_id, self._timeout_cause())
 
@@ -321,12 +372,32 @@ class Watchdog:
         with self._lock:
             actions = [(msg_id, e.step(now)) for msg_id, e in self.escalations.items() if not e.phase.final]
         for msg_id, action in actions:
+            if action is Action.CHECK_QUIET:
+                action = self._check_quiet(msg_id, now)
             if action is Action.INTERRUPT:
                 self._interrupt(msg_id, control)
             elif action is Action.CONFIRM:
                 self._pending_confirm[self._send(control, names.MSG_STATUS_REQUEST, {})] = msg_id
             elif action is Action.KILL:
                 self._kill(msg_id, self._timeout_cause())
+            with self._lock:
+                self._arm(msg_id)
+
+    def _check_quiet(self, msg_id: str, now: float) -> Action:
+        """A settling or paused execution: has the tree computed since the last sample?"""
+        sample = sample_tree(self.root_pid, self._clock)
+        reference = self._settle_from.get(msg_id)
+        quiet, span = True, 0.0  # the tree is gone: nothing computes
+        if sample is not None:
+            self._settle_from[msg_id] = sample
+            span = sample.at - reference.at if reference is not None else 0.0
+            quiet = reference is not None and sample.cpu_s - reference.cpu_s <= QUIET_CPU_SHARE * max(span, 0.01)
+        with self._lock:
+            escalation = self.escalations.get(msg_id)
+            action = escalation.on_quiet_check(quiet, now, span) if escalation is not None else Action.NONE
+            if escalation is not None and escalation.phase.final:
+                self._settle_from.pop(msg_id, None)
+        return action
 
     def _send(self, control: zmq.Socket[Any], msg_type: str, content: dict[str, Any]) -> str:
         sent = self._session.send(control, msg_type, content)

@@ -61,28 +61,31 @@ class SupervisorBackstop:
     def __init__(self, deadline_ms: int, grace_ms: int, pipe: SupervisorPipe) -> None:
         self.deadline_s, self.grace_s = deadline_ms / 1000, grace_ms / 1000
         self._pipe = pipe
+        self._execution = ""
         self._due: float | None = None
         self._left: float | None = None  # while paused: what was left of the deadline
 
-    def started(self) -> float:
+    def started(self, execution: str) -> float:
+        self._execution = execution
         self._due = time.monotonic() + self.deadline_s
-        self._pipe.kill_at(self._due + self.grace_s + BACKSTOP_SLACK_S)
+        self._pipe.kill_at(execution, self._due + self.grace_s + BACKSTOP_SLACK_S)
         return self._due
 
     def pause(self) -> None:
-        """The cell waits for the host (a person is answering): that time does not count."""
+        """The cell waits for the host (a person is answering): that time does not count. (Where the
+        host enforces deadlines, the supervisor takes this from the host alone.)"""
         if self._due is not None and self._left is None:
             self._left = max(0.0, self._due - time.monotonic())
-            self._pipe.kill_at(None)
+            self._pipe.kill_at(self._execution, None)
 
     def resume(self) -> None:
         if self._left is not None:
             self._due, self._left = time.monotonic() + self._left, None
-            self._pipe.kill_at(self._due + self.grace_s + BACKSTOP_SLACK_S)
+            self._pipe.kill_at(self._execution, self._due + self.grace_s + BACKSTOP_SLACK_S)
 
     def finished(self) -> None:
         self._due = self._left = None
-        self._pipe.kill_at(None)
+        self._pipe.kill_at(self._execution, None)
 
 
 class InKernelWatchdog:

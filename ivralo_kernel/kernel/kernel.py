@@ -142,7 +142,7 @@ class IvraloKernel(IPythonKernel):
             STATE.network.take_attempts()  # each cell lists only the hosts it tried
         BROKER.take_records()
         if self._backstop is not None:
-            due = self._backstop.started()
+            due = self._backstop.started(msg_id or "")
             if self._watchdog is not None and msg_id:
                 self._watchdog.started(msg_id, due)
         try:

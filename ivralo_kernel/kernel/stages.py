@@ -40,13 +40,15 @@ class SupervisorPipe:
         self.reached.append(stage)
         self._send(names.PIPE_STAGE + stage)
 
-    def kill_at(self, monotonic_deadline: float | None) -> None:
-        """Ask the supervisor to end the tree at this CLOCK_MONOTONIC time (None: cancel).
+    def kill_at(self, execution: str, monotonic_deadline: float | None) -> None:
+        """Ask the supervisor to end the tree at this CLOCK_MONOTONIC time if ``execution`` still runs
+        (None: cancel; where the host enforces deadlines, only the host cancels).
 
         It is registered up front because when the time comes the kernel may be unable to ask:
         native code holding the GIL starves every Python thread, and only another process can act.
         """
-        self._send(names.PIPE_KILL_AT + ("off" if monotonic_deadline is None else repr(monotonic_deadline)))
+        when = "off" if monotonic_deadline is None else repr(monotonic_deadline)
+        self._send(f"{names.PIPE_KILL_AT}{execution}:{when}")
 
     def kill_now(self) -> None:
         self._send(names.PIPE_KILL_NOW)

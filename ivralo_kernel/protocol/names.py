@@ -117,7 +117,10 @@ EGRESS_CHOICES: Final = ("yes", "always", "no")  # yes: for this worker's life; 
 
 # Lines the kernel writes to the supervisor's pipe (ENV_STAGE_FD), one per line.
 PIPE_STAGE: Final = "stage:"  # + stage name
-PIPE_KILL_AT: Final = "kill-at:"  # + CLOCK_MONOTONIC seconds, or "off": the supervisor's backstop
+# The supervisor's backstop for one execution: + "<msg_id>:<CLOCK_MONOTONIC seconds>" or "<msg_id>:off".
+# Where the host enforces deadlines it writes these lines on its own pipe (ENV_HOST_PIPE_FD), and the
+# kernel's may only arm one earlier: nothing the kernel process writes can disarm it.
+PIPE_KILL_AT: Final = "kill-at:"
 PIPE_KILL_NOW: Final = "kill-now"  # the kernel asks for its whole tree to be ended
 # The supervisor's exit status when it ended the tree for a deadline (as timeout(1) does).
 DEADLINE_EXIT_STATUS: Final = 124

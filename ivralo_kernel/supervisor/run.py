@@ -32,6 +32,7 @@ from pathlib import Path
 
 from ivralo_kernel.protocol import KernelPolicy, database_env_names, names, scrub
 from ivralo_kernel.supervisor import linux, tree
+from ivralo_kernel.supervisor.backstop import Backstop
 from ivralo_kernel.supervisor.relay import start_relay
 
 # Host asks for an immediate end of the whole tree (the provisioner's kill, an agent's Esc).
@@ -174,7 +175,8 @@ class _StderrRelay:
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     parent = os.getppid()
-    workspace = KernelPolicy.from_env(os.environ, os.getcwd()).workspace
+    policy = KernelPolicy.from_env(os.environ, os.getcwd())
+    workspace = policy.workspace
     _reexec_without_secrets(workspace)  # step 1
 
     subreaper = linux.set_child_subreaper()  # step 2
@@ -204,13 +206,14 @@ def main(argv: list[str] | None = None) -> int:
     pending = b""
     kernel_status: int | None = None
     term_deadline: float | None = None
-    kill_at: float | None = None  # the kernel's deadline backstop (CLOCK_MONOTONIC is system-wide)
+    backstop = Backstop(kernel_may_disarm=not policy.host_enforces_deadline)
+    host_pending = b""
     deadline_kill = False
     stopped_by: str | None = None
     stage_open = True
     while kernel_status is None:  # step 6
         timeout = PARENT_POLL_S
-        for wake in (term_deadline, kill_at):
+        for wake in (term_deadline, backstop.kill_at):
             if wake is not None:
                 timeout = max(0.0, min(timeout, wake - time.monotonic()))
         watch = [wake_r] + ([stage_r] if stage_open else []) + ([stderr.read_fd] if stderr.open else [])
@@ -229,10 +232,9 @@ def main(argv: list[str] | None = None) -> int:
                 if text.startswith(names.PIPE_STAGE):
                     stages.append(text.removeprefix(names.PIPE_STAGE))
                 elif text.startswith(names.PIPE_KILL_AT):
-                    value = text.removeprefix(names.PIPE_KILL_AT)
-                    kill_at = None if value == "off" else float(value)
+                    backstop.apply(text.removeprefix(names.PIPE_KILL_AT), from_host=False)
                 elif text == names.PIPE_KILL_NOW:
-                    kill_at = time.monotonic()
+                    backstop.apply(f"kill-now:{time.monotonic()!r}", from_host=False)
         received = set(os.read(wake_r, 512)) if wake_r in ready else set()
         if signal.SIGINT in received:  # step 4: the interrupt is for the kernel and its children
             with contextlib.suppress(ProcessLookupError):
@@ -243,7 +245,15 @@ def main(argv: list[str] | None = None) -> int:
         # The parent-death signal also fires when the *thread* that started us exits while the host
         # process lives on (jupyter_client may launch from a runner thread): only a changed
         # getppid() means the host is gone.
-        host_gone = host_pipe is not None and host_pipe in ready and not os.read(host_pipe, 64)
+        host_gone = False
+        if host_pipe is not None and host_pipe in ready:
+            chunk = os.read(host_pipe, 4096)
+            host_gone = not chunk
+            *lines, host_pending = (host_pending + chunk).split(b"\n")
+            for line in lines:
+                text = line.decode(errors="replace")
+                if text.startswith(names.PIPE_KILL_AT):
+                    backstop.apply(text.removeprefix(names.PIPE_KILL_AT), from_host=True)
         if SIGNAL_KILL_NOW in received or os.getppid() != parent or host_gone:
             stopped_by = "was stopped by the host" if SIGNAL_KILL_NOW in received else "lost its host"
             break
@@ -255,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
                 pass
         if term_deadline is not None and time.monotonic() >= term_deadline:
             break
-        if kill_at is not None and time.monotonic() >= kill_at:
+        if backstop.kill_at is not None and time.monotonic() >= backstop.kill_at:
             deadline_kill = True
             print(
                 "ivralo supervisor: the running cell outlived its deadline and grace; ending the kernel's tree",
