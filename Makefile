@@ -32,8 +32,9 @@ install: $(VENV)/.installed
 # DEMO_API_KEY is set in the host, to show that the kernel never sees it.
 demo: $(VENV)/.installed
 	rm -rf .demo-workspace && mkdir .demo-workspace
-	$(PY) notebooks/demo_data.py .demo-data/shop.db .demo-workspace
+	$(PY) notebooks/demo_data.py .demo-data/shop.db .demo-data/config
 	DEMO_API_KEY=sk-demo-not-for-the-kernel DEMO_SHOP_DB_URL=sqlite:///$(CURDIR)/.demo-data/shop.db \
+		IVRALO_CONFIG_HOME=$(CURDIR)/.demo-data/config \
 		$(VENV)/bin/ivralo-kernel run notebooks/tour.ipynb \
 		--workspace .demo-workspace --memory-limit 1073741824 --grant databases
 	@echo "Kept by the write guard before the tour overwrote a file (.demo-workspace/.ivralo/history/):"

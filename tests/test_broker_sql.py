@@ -179,6 +179,45 @@ async def test_sqlite_through_the_broker(workspace: Path, shop: Path) -> None:
     assert not [text for text in seen if url in text]
 
 
+async def test_a_query_reaches_no_other_file(workspace: Path, shop: Path, tmp_path: Path) -> None:
+    """ATTACH (which creates its file), VACUUM INTO and load_extension are refused by the host's
+    authorizer, on a read-write entry too; judged by the files on disk and the row count."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    tries = {
+        "attach": f"attach database '{outside / 'attached.db'}' as a",
+        "vacuum": f"vacuum into '{outside / 'copy.db'}'",
+        "extension": "select load_extension('/nonexistent/lib.so')",
+        "insert via attach": f"attach database '{workspace / 'sneaky.db'}' as b",
+    }
+    async with Session(workspace=workspace, grants=("databases",)) as session:
+        for what, sql in tries.items():
+            error = failed(await session.run(f'ivralo.sql("shop_rw", {sql!r})'))
+            assert "not authorized" in error or "authorization denied" in error, (what, error)
+    assert sorted(p.name for p in outside.iterdir()) == []
+    assert not (workspace / "sneaky.db").exists()
+    assert count_items(shop) == len(ITEMS)
+
+
+async def test_a_sqlite_file_is_opened_only_where_the_entry_may_point(
+    workspace: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A URL added to .env by code (EVIL_DB_URL) that points outside the workspace is refused: no
+    file appears there. A file that does not exist is never created, inside either."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (workspace / ".env").write_text(f"EVIL_DB_URL=sqlite:///{outside / 'made.db'}\n")
+    monkeypatch.setenv("MISSING_DB_URL", f"sqlite:///{workspace / 'missing.db'}")
+    write_databases(workspace, {"evil": {"url_env": "EVIL_DB_URL", "read_only": False}, "missing": "MISSING_DB_URL"})
+    async with Session(workspace=workspace, grants=("databases",)) as session:
+        error = failed(await session.run('ivralo.sql("evil", "create table t (x)")'))
+        assert "outside the workspace" in error and "config home" in error, error
+        error = failed(await session.run('ivralo.sql("missing", "select 1")'))
+        assert "does not exist" in error, error
+    assert list(outside.iterdir()) == []
+    assert not (workspace / "missing.db").exists()
+
+
 async def test_sqlite_without_the_databases_grant_is_refused(workspace: Path, shop: Path) -> None:
     async with Session(workspace=workspace) as session:  # no grants
         out = ok(

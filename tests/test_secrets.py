@@ -109,3 +109,60 @@ def test_credential_stores_are_out_of_reach(
         else:
             assert "is a credential store of the person's" in seen[rel], seen[rel]
             assert seen["sh " + rel] == marker  # the fallback's gap, said in its banner
+
+
+WRITE_CONFIG = """
+import json, os, subprocess
+home = os.path.expanduser('~')
+out = {}
+for rel in ('.config/ivralo/apis.json', '.config/ivralo/trusted-folders.json', '.bashrc'):
+    path = os.path.join(home, rel)
+    try:
+        with open(path, 'w') as f:
+            f.write('{"written": "by the kernel"}')
+        out[rel] = 'written'
+    except OSError as e:
+        out[rel] = f'{type(e).__name__}: {e}'
+    sh = subprocess.run(['sh', '-c', f'echo x >> {path}'], capture_output=True, text=True)
+    out['sh ' + rel] = sh.returncode
+    try:
+        out['read ' + rel] = open(path).read()
+    except OSError as e:
+        out['read ' + rel] = type(e).__name__
+open('notes.txt', 'w').write('ordinary work')
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("kernel_name", [SANDBOXED_KERNEL, FALLBACK_KERNEL])
+def test_started_in_the_home_folder_the_persons_config_stays_closed(
+    tmp_path: Path, kernel_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """JupyterLab started in the home folder: the workspace is $HOME. Its configuration (the config
+    home's apis.json and trust store, dot-files) is not the kernel's to write; judged on disk.
+    Ordinary files of the workspace stay writable. Without the sandbox, Python is refused (a shell
+    is that mode's gap, which its banner names)."""
+    home = tmp_path / "home"
+    config = home / ".config" / "ivralo"
+    config.mkdir(parents=True)
+    originals = {
+        config / "apis.json": '{"operations": {}}',
+        config / "trusted-folders.json": "[]",
+        home / ".bashrc": "# the person's\n",
+    }
+    for path, text in originals.items():
+        path.write_text(text)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("IVRALO_CONFIG_HOME", raising=False)
+    monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
+    with started_kernel(kernel_name, home) as (_, kc):
+        seen = json.loads(execute(kc, WRITE_CONFIG).stdout)
+    for rel in (".config/ivralo/apis.json", ".config/ivralo/trusted-folders.json", ".bashrc"):
+        assert seen[rel] != "written", (rel, seen)
+        assert "the person's own configuration" in seen[rel], seen[rel]  # the friendly refusal, both modes
+    if kernel_name == SANDBOXED_KERNEL:  # the shell too: read-only, or a private empty folder
+        for path, text in originals.items():
+            assert path.read_text() == text, path
+    else:  # Python refused; the shell line got through (the fallback's gap)
+        assert (config / "apis.json").read_text().startswith(originals[config / "apis.json"])
+    assert (home / "notes.txt").read_text() == "ordinary work"

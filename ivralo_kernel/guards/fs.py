@@ -35,6 +35,7 @@ class FsPolicy:
     allow_during_startup: tuple[str, ...] = ()  # the kernel's own folders while it starts
     history_dir: str = field(default="")
     closed_reads: tuple[str, ...] = ()  # absolute: credential stores
+    closed_writes: tuple[str, ...] = ()  # absolute: the person's configuration inside the workspace
 
     @property
     def state_dir(self) -> str:
@@ -84,6 +85,13 @@ def decide_write(operation: str, path: str, policy: FsPolicy, starting: bool = F
         )
     if not _inside(path, policy.workspace):
         return refuse(f"it is outside the workspace {policy.workspace}", f"Write inside the workspace. {STOP}")
+    for own in policy.closed_writes:
+        if _inside(path, own):
+            return refuse(
+                f"{own} is the person's own configuration (the workspace holds their home folder or config); "
+                "what is written there runs or is trusted later, outside any review",
+                STOP,
+            )
     closed = closed_component(os.path.relpath(path, policy.workspace))
     if closed == ".git":
         return refuse(".git/ is closed: a hook or a config change there would run later, outside any review", STOP)

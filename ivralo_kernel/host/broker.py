@@ -61,7 +61,7 @@ class BrokerResponder:
             log.warning("ivralo broker: %s", problem)
         # A database's URL variable is a credential even when its name does not say so.
         self.vault = CredentialVault(workspace, env, [entry.url_env for entry in databases.values()])
-        self.databases = Databases(databases, self.vault)
+        self.databases = Databases(databases, self.vault, workspace)
         self._counts: dict[str, int] = {}
         self._calls: dict[str, int] = {}
         self._pool: ThreadPoolExecutor | None = None

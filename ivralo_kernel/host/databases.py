@@ -14,25 +14,35 @@ transaction and write: sqlite3 refuses several statements itself; on PostgreSQL 
 prepares every statement (``prepare_threshold=0``), and the server refuses several in a prepared
 one. Other PostgreSQL drivers send several statements as they are, so a read-only entry needs
 ``postgresql+psycopg://``.
+
+SQLite files are the host's own files, so the host guards what a query can do with them: a file
+opens only if it exists (``mode=ro`` for a read-only entry, ``mode=rw`` otherwise: never created),
+only inside the workspace unless the entry comes from the config home's ``databases.json`` (a
+workspace file is the kernel's to write, and a URL in ``.env`` is too), and an authorizer refuses
+``ATTACH``, ``DETACH``, ``VACUUM INTO`` (it attaches its target) and ``load_extension``.
 """
 
 from __future__ import annotations
 
 import base64
+import dataclasses
 import datetime
 import decimal
 import json
+import os
+import sqlite3
 import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
 import sqlalchemy
 from sqlalchemy.engine import Engine
 
 from ivralo_kernel.host.vault import CredentialVault
-from ivralo_kernel.protocol.credentials import database_entries
+from ivralo_kernel.protocol.credentials import config_home, database_entries
 
 DEFAULT_MAX_ROWS = 100_000
 DEFAULT_MAX_BYTES = 64 << 20
@@ -54,6 +64,7 @@ class DatabaseEntry:
     max_rows: int = DEFAULT_MAX_ROWS
     max_bytes: int = DEFAULT_MAX_BYTES
     timeout_s: float = DEFAULT_TIMEOUT_S  # a query that runs longer is cancelled by the host
+    from_config_home: bool = False  # declared by the person's config home (a SQLite file may be anywhere)
 
 
 @dataclass(frozen=True)
@@ -67,9 +78,13 @@ class QueryAnswer:
 def load_databases(workspace: str, env: Mapping[str, str]) -> tuple[dict[str, DatabaseEntry], list[str]]:
     specs, problems = database_entries(workspace, env)
     found: dict[str, DatabaseEntry] = {}
+    home = os.path.realpath(config_home(env))
     for spec in specs:  # the config home's first: the workspace's entry of the same name wins
         try:
-            found[spec.name] = _entry(spec.name, spec.spec)
+            entry = _entry(spec.name, spec.spec)
+            if os.path.realpath(spec.path.parent) == home:
+                entry = dataclasses.replace(entry, from_config_home=True)
+            found[spec.name] = entry
         except (ValueError, TypeError) as exc:
             problems.append(f'{spec.path}: database "{spec.name}": {exc}')
     return found, problems
@@ -128,11 +143,54 @@ def _limit_time(conn: Any, dialect: str, timeout_s: float) -> None:
         conn.connection.driver_connection.set_progress_handler(lambda: int(time.monotonic() > deadline), 10_000)
 
 
+# sqlite3's authorizer action codes (the module exports only some of them by name).
+_SQLITE_ATTACH, _SQLITE_DETACH, _SQLITE_FUNCTION = 24, 25, 31
+
+
+def _sqlite_authorizer(action: int, arg1: str | None, arg2: str | None, *_: Any) -> int:
+    """No other file through a broker connection: ATTACH (VACUUM INTO attaches its target too),
+    DETACH, and loading native code."""
+    if action in (_SQLITE_ATTACH, _SQLITE_DETACH):
+        return sqlite3.SQLITE_DENY
+    if action == _SQLITE_FUNCTION and (arg2 or "").lower() == "load_extension":
+        return sqlite3.SQLITE_DENY
+    return sqlite3.SQLITE_OK
+
+
+def _harden_sqlite(dbapi_connection: Any, _record: Any) -> None:
+    dbapi_connection.set_authorizer(_sqlite_authorizer)
+
+
 class Databases:
-    def __init__(self, entries: Mapping[str, DatabaseEntry], vault: CredentialVault) -> None:
+    def __init__(
+        self, entries: Mapping[str, DatabaseEntry], vault: CredentialVault, workspace: str | None = None
+    ) -> None:
         self.entries = dict(entries)
         self._vault = vault
+        self._workspace = os.path.realpath(workspace) if workspace else None
         self._engines: dict[str, Engine] = {}
+
+    def _sqlite_url(self, entry: DatabaseEntry, url: sqlalchemy.URL) -> sqlalchemy.URL:
+        """An existing file, where this entry may point, opened read-only for a read-only entry."""
+        database = url.database or ""
+        if database in ("", ":memory:"):
+            return url
+        path = os.path.realpath(database)
+        inside = self._workspace is not None and (path == self._workspace or path.startswith(self._workspace + os.sep))
+        if not inside and not entry.from_config_home:
+            raise QueryRefused(
+                f'database "{entry.name}": the SQLite file of {entry.url_env} is outside the workspace; a file '
+                "elsewhere must be declared in the databases.json of the config home, not the workspace's"
+            )
+        if not os.path.isfile(path):
+            raise QueryRefused(
+                f'database "{entry.name}": the SQLite file of {entry.url_env} does not exist (the broker opens '
+                "existing files only; create it first)"
+            )
+        mode = "ro" if entry.read_only else "rw"
+        return sqlalchemy.URL.create(
+            url.drivername, database=f"file:{quote(path)}?mode={mode}", query={**url.query, "uri": "true"}
+        )
 
     def _engine(self, entry: DatabaseEntry) -> Engine:
         engine = self._engines.get(entry.name)
@@ -156,6 +214,8 @@ class Databases:
                 'it a read-only database role and set "read_only": false in databases.json'
             )
         connect_args: dict[str, Any] = {}
+        if url.get_backend_name() == "sqlite":
+            url = self._sqlite_url(entry, url)
         if entry.read_only and url.get_backend_name() == "postgresql":
             if url.get_driver_name() != "psycopg":
                 raise QueryRefused(
@@ -167,6 +227,8 @@ class Databases:
             engine = sqlalchemy.create_engine(url, pool_pre_ping=True, connect_args=connect_args)
         except Exception as exc:  # noqa: BLE001 - a missing driver or a bad option: say so, redacted
             raise QueryRefused(self._vault.redact(f'database "{entry.name}": {type(exc).__name__}: {exc}')) from None
+        if engine.dialect.name == "sqlite":
+            sqlalchemy.event.listen(engine, "connect", _harden_sqlite)
         self._engines[entry.name] = engine
         return engine
 
@@ -199,6 +261,9 @@ class Databases:
             detail = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
             if detail in ("interrupted", "canceling statement due to statement timeout"):
                 detail = f"the query ran longer than {entry.timeout_s:g} s (timeout_s of {name} in databases.json)"
+            elif engine.dialect.name == "sqlite" and detail in ("not authorized", "authorization denied"):
+                detail += " (the broker refuses ATTACH, DETACH, VACUUM INTO and load_extension: a query "
+                detail += "reaches this database's file only)"
             elif entry.read_only and ("readonly" in detail or "read-only" in detail):
                 detail += f" ({name} is read_only in databases.json)"
             raise QueryRefused(self._vault.redact(f'database "{name}": {type(exc).__name__}: {detail}')) from None

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ivralo_kernel.protocol import database_env_names, names, scrub
-from ivralo_kernel.protocol.credentials import ScrubRule, config_home, credential_store_paths
+from ivralo_kernel.protocol.credentials import ScrubRule, config_home, credential_store_paths, home_config_inside
 
 CLOSED_SEED = (".git", names.STATE_DIR, "databases.json")
 # What other tools run or read by themselves when the person next opens the folder.
@@ -161,7 +161,8 @@ class SandboxPlan:
     credential_store_paths: tuple[str, ...] = ()
 
     def hidden(self) -> list[str]:
-        """Existing folders whose content the sandbox must not see (empty inside)."""
+        """Existing folders whose content the sandbox must not see (empty inside), wherever they
+        are: inside the workspace too (JupyterLab started in the home folder)."""
         candidates = ["/tmp", "/run", "/var/run", "/var/tmp", "/dev/shm"]  # noqa: S108 - hidden, not used
         candidates += [self.env.get("XDG_RUNTIME_DIR", ""), self.jupyter_runtime_dir or ""]
         candidates += [str(config_home(self.env))]
@@ -170,24 +171,33 @@ class SandboxPlan:
             if not path or not os.path.isdir(path) or os.path.islink(path):
                 continue
             real = os.path.realpath(path)
-            if _inside(real, self.workspace) or real in out:
-                continue
-            out.append(real)
+            if real not in out and real != self.workspace:
+                out.append(real)
         return out
 
     def credential_stores(self) -> list[str]:
+        """The person's credential stores, inside the workspace too (unless the workspace is in one)."""
         found = []
         for path in self.credential_store_paths or credential_store_paths({"HOME": self.home}):
-            if os.path.exists(path) and not _inside(os.path.realpath(path), self.workspace):
-                found.append(os.path.realpath(path))
+            real = os.path.realpath(path)
+            if os.path.exists(path) and not _inside(self.workspace, real):
+                found.append(real)
         return found
 
+    def _empty(self, path: str) -> list[str]:
+        return ["--tmpfs", path] if os.path.isdir(path) else ["--ro-bind", self.empty_file, path]
+
     def closed(self) -> list[str]:
-        """Paths inside the workspace (and git folders it points to) that stay read-only."""
+        """Paths inside the workspace (and git folders it points to) that stay read-only, the
+        person's own configuration too when the workspace holds it."""
         out = git_folders(self.workspace)
         for name in (*CLOSED_SEED[1:], *self.tool_files):
             path = os.path.join(self.workspace, name)
             if os.path.lexists(path) and not os.path.islink(path):
+                out.append(path)
+        ipython = {os.path.realpath(p) for p in self.scratch_overlays}  # its own private layer
+        for path in home_config_inside(self.workspace, {**self.env, "HOME": self.home}):
+            if path not in out and path not in ipython and not os.path.islink(path):
                 out.append(path)
         return out
 
@@ -196,24 +206,29 @@ class SandboxPlan:
         # jupyter_client may launch from a thread that ends (the host's life pipe says it instead).
         # --as-pid-1: the supervisor is the sandbox's init, so when it ends (even by SIGKILL) the Linux
         # kernel ends every process in the sandbox; bwrap's own init would wait for the last one.
+        # Mounts are made in order, a later one over an earlier one: first what is emptied outside the
+        # workspace, then the workspace, then what is closed or emptied inside it, then the few
+        # paths that must show through all of that (the kernel's own files).
         a = [self.bwrap, "--unshare-all", "--as-pid-1", "--ro-bind", "/", "/"]
         a += ["--dev", "/dev", "--proc", "/proc"]
-        for path in self.hidden():
-            a += ["--tmpfs", path]
-        for path in self.credential_stores():
-            a += ["--tmpfs", path] if os.path.isdir(path) else ["--ro-bind", self.empty_file, path]
-        hidden = self.hidden()
+        hidden, stores = self.hidden(), self.credential_stores()
+        for path in [*hidden, *stores]:
+            if not _inside(path, self.workspace):
+                a += self._empty(path)
         for path in dict.fromkeys(os.path.realpath(p) for p in self.code_trees if os.path.isdir(p)):
             if any(_inside(path, h) for h in hidden) and not _inside(path, self.workspace):
                 a += ["--ro-bind", path, path]
+        a += ["--bind", self.workspace, self.workspace]
+        for path in self.closed():
+            a += ["--ro-bind", path, path]
+        for path in [*hidden, *stores]:
+            if _inside(path, self.workspace):
+                a += self._empty(path)
         for path in self.scratch_overlays:
-            if os.path.isdir(path) and not _inside(os.path.realpath(path), self.workspace):
+            if os.path.isdir(path):
                 a += ["--overlay-src", path, "--tmp-overlay", path]
         a += ["--bind", self.run_dir, self.run_dir]
         for path in self.read_only_files:
-            a += ["--ro-bind", path, path]
-        a += ["--bind", self.workspace, self.workspace]
-        for path in self.closed():
             a += ["--ro-bind", path, path]
         # The kernel's own files under .ivralo stay writable: its history of overwritten files, and
         # the log the supervisor writes when a start fails.

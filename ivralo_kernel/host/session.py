@@ -23,6 +23,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 from ivralo_kernel.host.config import WorkerConfig
+from ivralo_kernel.host.escalation import Phase
 from ivralo_kernel.host.outputs import CellOutput, error_result, lost_names_message
 from ivralo_kernel.host.pool import HostMemoryError, WorkerPool, WorkerPoolExhaustedError
 from ivralo_kernel.host.watchdog import Watchdog
@@ -192,6 +193,14 @@ class Session:
         reply = await self._shell_reply(worker, msg_id)
         if reply is None and not await worker.is_alive():  # it said idle, and was ended before replying
             return await self._lose_worker(self._death_cause(worker))
+        watchdog = worker.watchdog
+        if watchdog is not None and watchdog.interrupted(msg_id):
+            # "Namespace preserved" only once the tree has gone quiet: a thread the cell left
+            # spinning keeps the execution running, and the watchdog ends it after the grace.
+            while not watchdog.settled(msg_id) and time.monotonic() < fallback:
+                await asyncio.sleep(_POLL_S)
+            if watchdog.phase_of(msg_id) is Phase.KILLED or not await worker.is_alive():
+                return await self._lose_worker(self._death_cause(worker))
         content = reply["content"] if reply else {}
         if content.get("status") == "ok":
             self._known_names = _names_from(content.get("user_expressions", {}).get("names"))

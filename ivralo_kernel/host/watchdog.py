@@ -142,6 +142,12 @@ class Watchdog:
             escalation = self.escalations.get(msg_id)
             return escalation.phase if escalation else None
 
+    def settled(self, msg_id: str) -> bool:
+        """Its escalation is over (finished, interrupted and quiet, or killed), or there is none."""
+        with self._lock:
+            escalation = self.escalations.get(msg_id)
+            return escalation is None or escalation.phase.final
+
     def interrupted(self, msg_id: str) -> bool:
         """The deadline interrupted this execution (whether or not its tree has settled yet)."""
         with self._lock:

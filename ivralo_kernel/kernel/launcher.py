@@ -40,7 +40,7 @@ from ivralo_kernel.kernel.launch_state import STATE
 from ivralo_kernel.kernel.sandbox_report import SANDBOX_DIRECT_REFUSAL, fallback_note, sandbox_layers
 from ivralo_kernel.kernel.stages import SupervisorPipe, write_failure
 from ivralo_kernel.protocol import KernelPolicy, default_memory_limit, names
-from ivralo_kernel.protocol.credentials import config_home, credential_store_paths
+from ivralo_kernel.protocol.credentials import config_home, credential_store_paths, home_config_inside
 from ivralo_kernel.protocol.egress import load_egress_policy
 from ivralo_kernel.protocol.trust import is_trusted
 
@@ -52,10 +52,11 @@ _CHANNELS = ("shell", "iopub", "stdin", "control", "hb")
 
 
 def _credential_stores(policy: KernelPolicy, workspace: str) -> tuple[str, ...]:
-    """The stores the read guard refuses (a store inside the workspace is the workspace's own file)."""
+    """The stores the read guard refuses, inside the workspace too (JupyterLab started in the home
+    folder), unless the workspace is one of them or inside one."""
     listed = policy.credential_stores if policy.credential_stores is not None else credential_store_paths(os.environ)
     stores = {os.path.realpath(p) for p in listed} | set(listed)
-    return tuple(sorted(p for p in stores if not (p == workspace or p.startswith(workspace + os.sep))))
+    return tuple(sorted(p for p in stores if not (workspace == p or workspace.startswith(p + os.sep))))
 
 
 def _add_workspace_to_path() -> None:
@@ -220,6 +221,7 @@ def _install_file_guards(policy: KernelPolicy, workspace: str) -> tuple[FileGuar
         writable_extra=(tmp, *DEVICE_FILES, *DEVICE_TREES),
         config_home_is_workspace=os.path.realpath(config_home(os.environ)) == workspace,
         closed_reads=_credential_stores(policy, workspace),
+        closed_writes=home_config_inside(workspace, os.environ),
         # While the kernel starts, IPython may create its profile folder and ipykernel its runtime files.
         allow_during_startup=tuple(
             os.path.realpath(d) for d in (ipython_dir, os.path.dirname(os.path.abspath(connection_file))) if d

@@ -235,3 +235,31 @@ def credential_store_paths(env: Mapping[str, str], stores: Iterable[str] = CREDE
     """Each store as an absolute path under the home folder ``env`` names (absolute ones as given)."""
     home = env.get("HOME") or os.path.expanduser("~")
     return tuple(os.path.normpath(os.path.join(home, store)) for store in stores)
+
+
+def home_config_inside(workspace: str, env: Mapping[str, str]) -> tuple[str, ...]:
+    """What must stay closed to writing when the workspace holds the person's own configuration
+    (JupyterLab started in the home folder): the config home, Jupyter's folders, and, when the
+    workspace contains the home folder, every dot-entry directly in it (shell profiles, ~/.config,
+    ~/.gitconfig, ~/.ssh, ...), except IPython's folder, which the kernel writes its history to.
+    Absolute paths, existing ones only."""
+    workspace = os.path.realpath(workspace)
+
+    def inside(path: str) -> bool:
+        return path == workspace or path.startswith(workspace.rstrip(os.sep) + os.sep)
+
+    home = os.path.realpath(env.get("HOME") or os.path.expanduser("~"))
+    ipython = os.path.realpath(env.get("IPYTHONDIR") or os.path.join(home, ".ipython"))
+    candidates = [str(config_home(env))]
+    candidates += [env[name] for name in ("JUPYTER_CONFIG_DIR", "JUPYTER_DATA_DIR") if env.get(name)]
+    if inside(home):
+        try:
+            candidates += [entry.path for entry in os.scandir(home) if entry.name.startswith(".")]
+        except OSError:
+            pass
+    closed: list[str] = []
+    for path in candidates:
+        real = os.path.realpath(path)
+        if os.path.lexists(path) and inside(real) and real != workspace and real != ipython and real not in closed:
+            closed.append(real)
+    return tuple(sorted(closed))
