@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import shlex
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,8 @@ from typing import Any
 import pytest
 import sqlalchemy
 
-from ivralo_kernel.host import Session
+from ivralo_kernel.cli import main
+from ivralo_kernel.host import Session, WorkerConfig
 
 RECORD = r"\[ivralo answered this code's calls: {what} with {var} \(1 call, \d+\.\ds\)\]\n"
 ITEMS = [("apple", 0.5), ("bread", 2.25), ("cheese", 7.0), ("dates", 3.5), ("eggs", 2.75)]
@@ -46,6 +48,15 @@ def write_databases(workspace: Path, databases: dict[str, Any]) -> None:
     (workspace / "databases.json").write_text(json.dumps(databases))
 
 
+@pytest.fixture
+def config_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """This test's own config home: a writable database can be declared only there."""
+    home = tmp_path / "config-home"
+    home.mkdir()
+    monkeypatch.setenv("IVRALO_CONFIG_HOME", str(home))
+    return home
+
+
 ENV_CHECK = """
 import os
 names = {names!r}
@@ -59,20 +70,26 @@ print(any(n.encode() + b"=" in environ or s.encode() in environ for n in names f
 # --------------------------------------------------------------------------- SQLite
 
 
-@pytest.fixture
-def shop(workspace: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A SQLite file in the workspace, named three times in databases.json; its URL in the host's env."""
-    path = workspace / "shop.sqlite"
+def make_shop(path: Path) -> Path:
+    """A small SQLite shop: the ITEMS table."""
     with sqlite3.connect(path) as db:
         db.execute("create table items (id integer primary key, name text not null, price real not null)")
         db.executemany("insert into items (name, price) values (?, ?)", ITEMS)
     db.close()
+    return path
+
+
+@pytest.fixture
+def shop(workspace: Path, config_home: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A SQLite file in the workspace, named in the workspace's databases.json (read-only entries) and
+    the config home's (the writable one); its URL in the host's env."""
+    path = make_shop(workspace / "shop.sqlite")
     monkeypatch.setenv("SHOP_DB_URL", f"sqlite:///{path}")
+    write_databases(config_home, {"shop_rw": {"url_env": "SHOP_DB_URL", "read_only": False}})
     write_databases(
         workspace,
         {
             "shop": "SHOP_DB_URL",  # the short form: read-only, default caps
-            "shop_rw": {"url_env": "SHOP_DB_URL", "read_only": False},
             "shop_capped": {"url_env": "SHOP_DB_URL", "max_rows": 3},
             "shop_quick": {"url_env": "SHOP_DB_URL", "timeout_s": 0.3},
         },
@@ -218,6 +235,37 @@ async def test_a_sqlite_file_is_opened_only_where_the_entry_may_point(
     assert not (workspace / "missing.db").exists()
 
 
+async def test_code_cannot_make_a_read_only_database_writable(
+    workspace: Path, config_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without the sandbox a shell line rewrites the workspace's databases.json ("read_only": false);
+    the next worker still cannot write: the workspace's file only narrows the config home's.
+    Judged by the row count."""
+    shop = make_shop(workspace / "shop.sqlite")
+    monkeypatch.setenv("SHOP_DB_URL", f"sqlite:///{shop}")
+    write_databases(config_home, {"shop": {"url_env": "SHOP_DB_URL", "read_only": True}})
+    widened = json.dumps({"shop": {"url_env": "SHOP_DB_URL", "read_only": False}, "extra": "SHOP_DB_URL"})
+    fallback = WorkerConfig(sandbox="off")
+    async with Session(workspace=workspace, grants=("databases",), config=fallback) as session:
+        script = f"echo {shlex.quote(widened)} > databases.json"
+        await session.run(f"import subprocess\nsubprocess.run(['sh', '-c', {script!r}])")
+    assert json.loads((workspace / "databases.json").read_text())["shop"]["read_only"] is False
+    insert = "insert into items (name, price) values ('x', 1)"
+    async with Session(workspace=workspace, grants=("databases",), config=fallback) as session:
+        # Changed while a kernel ran: the host sets the whole file aside until the person approves it.
+        error = failed(await session.run(f"ivralo.sql('extra', {insert!r})"))
+        assert "unknown database 'extra'" in error, error
+        error = failed(await session.run(f"ivralo.sql('shop', {insert!r})"))
+        assert "readonly" in error or "read-only" in error, error
+    assert main(["trust", str(workspace)]) == 0
+    async with Session(workspace=workspace, grants=("databases",), config=fallback) as session:
+        # Approved, it still only narrows: both entries are read-only.
+        for name in ("shop", "extra"):
+            error = failed(await session.run(f"ivralo.sql({name!r}, {insert!r})"))
+            assert "readonly" in error or "read-only" in error, error
+    assert count_items(shop) == len(ITEMS)
+
+
 async def test_sqlite_without_the_databases_grant_is_refused(workspace: Path, shop: Path) -> None:
     async with Session(workspace=workspace) as session:  # no grants
         out = ok(
@@ -269,7 +317,12 @@ def pg_count(pg_url: str) -> int:
 
 
 async def test_postgres_with_a_password_through_the_broker(
-    workspace: Path, pg_url: str, pg_items: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    workspace: Path,
+    config_home: Path,
+    pg_url: str,
+    pg_items: str,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.DEBUG)
     url = sqlalchemy.make_url(pg_url)
@@ -282,12 +335,12 @@ async def test_postgres_with_a_password_through_the_broker(
     monkeypatch.setenv("PG_V2_URL", v2_url)
     monkeypatch.setenv("PG_BAD_URL", wrong_url)
     (workspace / ".env").write_text(f"PG_DOTENV_URL={pg_url}\n")  # the workspace .env counts for the host too
+    write_databases(config_home, {"pg_rw": {"url_env": "PG_DB_URL", "read_only": False}})
     write_databases(
         workspace,
         {
             "databases": {
                 "pg": {"url_env": "PG_DB_URL"},
-                "pg_rw": {"url_env": "PG_DB_URL", "read_only": False},
                 "pg_bad": {"url_env": "PG_BAD_URL"},
                 "pg_dotenv": "PG_DOTENV_URL",
                 "pg_v2": "PG_V2_URL",

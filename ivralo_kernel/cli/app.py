@@ -61,6 +61,11 @@ def _trust(args: argparse.Namespace) -> int:
     written = set_trust(folder, args.command == "trust", os.environ)
     verb = "Trusted" if args.command == "trust" else "No longer trusted"
     print(f"{verb}: {folder}\n(recorded in {written}; kernels started there from now on see the change)")
+    if args.command == "trust":
+        from ivralo_kernel.host.config_watch import approve
+
+        for rel in approve(folder, os.environ):
+            print(f"Approved {rel} as it is now (it had changed while a kernel of this folder ran)")
     return 0
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import httpx
 
+from ivralo_kernel.host.config_watch import DATABASES, DOTENV, WorkspaceFiles
 from ivralo_kernel.host.databases import Databases, QueryRefused, load_databases
 from ivralo_kernel.host.egress import Asker, EgressDesk, valid_target
 from ivralo_kernel.host.operations import OperationError, load_operations, perform
@@ -48,19 +49,22 @@ class BrokerResponder:
         grants: Iterable[str] = (),
         env: Mapping[str, str] | None = None,
         operations_files: tuple[str, ...] = (),
+        files: WorkspaceFiles | None = None,
     ) -> None:
         env = os.environ if env is None else env
         self.workspace = workspace
-        self.egress = EgressDesk(workspace, trusted, asker)
+        self.egress = EgressDesk(workspace, trusted, asker, files)
         self.grants = frozenset(grants)
         # Read when the kernel starts: code cannot add an operation or a database to a running broker.
+        # The workspace's files only as they were before any kernel of it could change them.
         self.operations, problems = load_operations(env, operations_files)
-        databases, db_problems = load_databases(workspace, env)
+        databases, db_problems = load_databases(workspace, env, files is None or files.usable(DATABASES))
         self.problems = problems + db_problems
         for problem in self.problems:
             log.warning("ivralo broker: %s", problem)
         # A database's URL variable is a credential even when its name does not say so.
-        self.vault = CredentialVault(workspace, env, [entry.url_env for entry in databases.values()])
+        names_ = [entry.url_env for entry in databases.values()]
+        self.vault = CredentialVault(workspace, env, names_, use_dotenv=files is None or files.usable(DOTENV))
         self.databases = Databases(databases, self.vault, workspace)
         self._counts: dict[str, int] = {}
         self._calls: dict[str, int] = {}

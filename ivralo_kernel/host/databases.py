@@ -3,8 +3,13 @@
 Each entry names the environment variable that holds the database's URL (the credential); the
 kernel never sees it. Entries, per database, under ``"databases"`` or at the top level:
 ``"name": "ENV_VAR"`` or ``"name": {"url_env": "ENV_VAR", "read_only": true, "max_rows": 100000,
-"max_bytes": 67108864}``. The file is read when the kernel starts (the workspace's, then the config
-home's), so code cannot add a database to a running kernel's broker.
+"max_bytes": 67108864}``. The file is read when the kernel starts (the config home's, then the
+workspace's), so code cannot add a database to a running kernel's broker.
+
+The workspace's file is the kernel's to write (in a fallback without the sandbox, by a shell line),
+so it may only narrow: for a database the config home declares, it can make it read-only, lower its
+caps and its timeout, nothing else; a database only the workspace names is always read-only, and
+its SQLite file must be in the workspace. Whatever is ignored is said in one line.
 
 Queries run through SQLAlchemy. ``read_only`` (the default) is enforced by the database itself
 where the dialect lets a session say so (PostgreSQL: ``SET TRANSACTION READ ONLY``; SQLite:
@@ -75,16 +80,19 @@ class QueryAnswer:
     rowcount: int | None = None  # rows a write changed
 
 
-def load_databases(workspace: str, env: Mapping[str, str]) -> tuple[dict[str, DatabaseEntry], list[str]]:
-    specs, problems = database_entries(workspace, env)
+def load_databases(
+    workspace: str, env: Mapping[str, str], include_workspace: bool = True
+) -> tuple[dict[str, DatabaseEntry], list[str]]:
+    specs, problems = database_entries(workspace, env, include_workspace)
     found: dict[str, DatabaseEntry] = {}
     home = os.path.realpath(config_home(env))
-    for spec in specs:  # the config home's first: the workspace's entry of the same name wins
+    for spec in specs:  # the config home's first; the workspace's may narrow them
         try:
             entry = _entry(spec.name, spec.spec)
             if os.path.realpath(spec.path.parent) == home:
-                entry = dataclasses.replace(entry, from_config_home=True)
-            found[spec.name] = entry
+                found[spec.name] = dataclasses.replace(entry, from_config_home=True)
+            else:
+                found[spec.name] = _narrowed(found.get(spec.name), entry, spec.spec, str(spec.path), problems)
         except (ValueError, TypeError) as exc:
             problems.append(f'{spec.path}: database "{spec.name}": {exc}')
     return found, problems
@@ -110,6 +118,33 @@ def _entry(name: str, spec: Any) -> DatabaseEntry:
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise ValueError(f'field "{field}" must be a positive integer')
     return DatabaseEntry(name, url_env, read_only, max_rows, max_bytes, float(timeout_s))
+
+
+def _narrowed(
+    declared: DatabaseEntry | None, entry: DatabaseEntry, spec: Any, where: str, problems: list[str]
+) -> DatabaseEntry:
+    """A workspace entry, as far as it may go: never wider than what the config home declared."""
+    if declared is None or not declared.from_config_home:
+        if not entry.read_only:
+            problems.append(
+                f'{where}: database "{entry.name}": "read_only": false is ignored: only the databases.json of the '
+                "config home can declare a writable database (the workspace's file is the kernel's to write)"
+            )
+        return dataclasses.replace(entry, read_only=True, from_config_home=False)
+    if entry.url_env != declared.url_env:
+        problems.append(
+            f'{where}: database "{entry.name}": ignored: the config home names it with {declared.url_env}, and '
+            "the workspace's file may only narrow it (read_only, max_rows, max_bytes, timeout_s)"
+        )
+        return declared
+    given = spec if isinstance(spec, dict) else {}
+    return dataclasses.replace(
+        declared,
+        read_only=declared.read_only or ("read_only" in given and entry.read_only),
+        max_rows=min(declared.max_rows, entry.max_rows) if "max_rows" in given else declared.max_rows,
+        max_bytes=min(declared.max_bytes, entry.max_bytes) if "max_bytes" in given else declared.max_bytes,
+        timeout_s=min(declared.timeout_s, entry.timeout_s) if "timeout_s" in given else declared.timeout_s,
+    )
 
 
 _PLAIN = frozenset({int, str, bool, type(None)})  # passed as they are; floats are checked (NaN is not JSON)

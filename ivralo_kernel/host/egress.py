@@ -23,6 +23,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
+from ivralo_kernel.host.config_watch import PERMISSIONS, WorkspaceFiles
 from ivralo_kernel.protocol import names
 from ivralo_kernel.protocol.egress import PERMISSIONS_FILE, EgressPolicy, load_egress_policy
 
@@ -69,12 +70,19 @@ def valid_target(payload: Any) -> tuple[str, int | None] | None:
 
 
 class EgressDesk:
-    def __init__(self, workspace: str, trusted: bool, asker: Asker | None = None) -> None:
+    def __init__(
+        self, workspace: str, trusted: bool, asker: Asker | None = None, files: WorkspaceFiles | None = None
+    ) -> None:
         self.workspace, self.trusted, self.asker = workspace, trusted, asker
+        self.files = files  # whether the workspace's permissions.json may be used (see config_watch)
         self._granted: dict[str, bool] = {}  # answers given for this worker's life
         self._asked_person: set[tuple[str, str]] = set()  # (execution, host) waiting for the person
         self._open: dict[str, Future[Decision]] = {}  # host -> the proxy's open question about it
         self._lock = threading.Lock()
+
+    def policy(self) -> EgressPolicy:
+        usable = self.files is None or self.files.usable(PERMISSIONS)
+        return load_egress_policy(self.workspace, os.environ, include_workspace=usable)
 
     @property
     def choices(self) -> tuple[str, ...]:
@@ -82,7 +90,7 @@ class EgressDesk:
 
     def judge(self, payload: dict[str, Any], execution: str, reply: Reply, pause: Pause) -> None:
         host, port = payload["host"], payload["port"]
-        allowed, reason = load_egress_policy(self.workspace, os.environ).judge(host, port)
+        allowed, reason = self.policy().judge(host, port)
         if allowed is not None:
             reply({"allowed": allowed, "reason": reason})
         elif host in self._granted:
@@ -118,7 +126,7 @@ class EgressDesk:
     def decide(self, host: str, port: int, execution: str | None, prompt: Prompt | None, pause: Pause) -> Decision:
         """(the egress proxy's thread; blocks) Judge ``host:port`` for a sandboxed kernel's traffic."""
         host = host.lower().rstrip(".")
-        allowed, reason = load_egress_policy(self.workspace, os.environ).judge(host, port)
+        allowed, reason = self.policy().judge(host, port)
         if allowed is not None:
             return allowed, reason
         with self._lock:
@@ -175,6 +183,8 @@ class EgressDesk:
     def _record(self, host: str, choice: str) -> dict[str, Any]:
         if choice == "always" and self.trusted:
             allow_always(self.workspace, host)
+            if self.files is not None:
+                self.files.host_wrote(PERMISSIONS)
             return {"allowed": True, "reason": "always (hosts.allow)"}
         if choice in ("yes", "always"):
             self._granted[host] = True

@@ -28,13 +28,14 @@ from traitlets import Bool, Int, List, Unicode, validate
 
 from ivralo_kernel.host.announce import answer_lost_execution
 from ivralo_kernel.host.broker import BrokerResponder
+from ivralo_kernel.host.config_watch import DOTENV, WorkspaceFiles, protected_in_sandbox
 from ivralo_kernel.host.egress_notes import NOTE_WAIT_S, EgressNotes
 from ivralo_kernel.host.egress_proxy import EgressProxy, Verdict
 from ivralo_kernel.host.escalation import DeadlinePolicy
 from ivralo_kernel.host.kernel_output import relay_output
 from ivralo_kernel.host.kernelspec import SUPERVISOR_MODULE
 from ivralo_kernel.host.processes import find_in_tree, host_pid
-from ivralo_kernel.host.sandbox import TOOL_FILES_DEFAULT, availability, dotenv_for_kernel
+from ivralo_kernel.host.sandbox import TOOL_FILES_DEFAULT, availability, dotenv_for_kernel, prepare_workspace
 from ivralo_kernel.host.sandbox_launch import SandboxFolder, sandboxed_command
 from ivralo_kernel.host.watchdog import Loss, Watchdog, WatchdogSettings
 from ivralo_kernel.protocol import KernelPolicy, database_env_names, names, scrub
@@ -155,6 +156,7 @@ class IvraloProvisioner(LocalProvisioner):  # type: ignore[misc]
     sandboxed = False  # the running kernel lives in a bwrap sandbox
     sandbox_reason = ""  # why not, when it does not
     egress_proxy: EgressProxy | None = None
+    workspace_files: WorkspaceFiles | None = None  # the workspace's files as the host trusts them
     _egress_notes: EgressNotes | None = None
     _sandbox_folder: SandboxFolder | None = None
     _supervisor: int | None = None
@@ -210,8 +212,18 @@ class IvraloProvisioner(LocalProvisioner):  # type: ignore[misc]
         original_env = dict(kwargs["env"])
         db_names, problems = database_env_names(policy.workspace, kwargs["env"])
         env, removed = scrub(kwargs["env"], db_names)
+        # The workspace files the host trusts, as they were before any kernel of it could change them.
+        if self.workspace_files is not None:
+            self.workspace_files.end()
+        self.workspace_files = WorkspaceFiles(policy.workspace)
+        if bwrap is not None:
+            prepare_workspace(policy.workspace)  # .ivralo exists before the sandbox mounts it read-only
+        protected = protected_in_sandbox(policy.workspace) if bwrap is not None else frozenset()
+        for line in self.workspace_files.begin(protected):
+            self.log.warning("ivralo: %s", line)
+            env[names.ENV_HOST_NOTES] = "\n".join(filter(None, (env.get(names.ENV_HOST_NOTES), line)))
         # The workspace's .env is read here, never by the kernel: only its plain values go in.
-        env.update(dotenv_for_kernel(policy.workspace, env))
+        env.update(dotenv_for_kernel(policy.workspace, env, self.workspace_files.usable(DOTENV)))
         for problem in problems:
             self.log.warning("ivralo: %s", problem)
         if removed:  # names only: values never reach a log
@@ -229,6 +241,7 @@ class IvraloProvisioner(LocalProvisioner):  # type: ignore[misc]
             grants=self.session_grants if self.session_grants is not None else self.grants,
             env=original_env,
             operations_files=(self.operations_file,) if self.operations_file else (),
+            files=self.workspace_files,
         )
         if previous is not None:
             previous.close()
@@ -515,6 +528,9 @@ class IvraloProvisioner(LocalProvisioner):  # type: ignore[misc]
                 os.unlink(self.policy_file)
             self.policy_file = None
         if not restart:
+            if self.workspace_files is not None:
+                self.workspace_files.end()
+                self.workspace_files = None
             if self.egress_proxy is not None:
                 self.egress_proxy.close()
                 self.egress_proxy = None

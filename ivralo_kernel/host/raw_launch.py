@@ -32,8 +32,9 @@ import time
 import uuid
 from typing import Any, NoReturn
 
+from ivralo_kernel.host.config_watch import DOTENV, WorkspaceFiles, protected_in_sandbox
 from ivralo_kernel.host.kernelspec import SUPERVISOR_MODULE
-from ivralo_kernel.host.sandbox import TOOL_FILES_DEFAULT, availability, dotenv_for_kernel
+from ivralo_kernel.host.sandbox import TOOL_FILES_DEFAULT, availability, dotenv_for_kernel, prepare_workspace
 from ivralo_kernel.host.sandbox_launch import SandboxFolder, sandboxed_command
 from ivralo_kernel.protocol import KernelPolicy, database_env_names, names, scrub
 from ivralo_kernel.protocol.trust import is_trusted
@@ -48,20 +49,26 @@ def _supervisor_argv(args: list[str]) -> list[str]:
     return [sys.executable, "-P", "-B", "-m", SUPERVISOR_MODULE, *args]
 
 
-def kernel_env(workspace: str) -> dict[str, str]:
+def kernel_env(workspace: str, files: WorkspaceFiles, protected: frozenset[str]) -> dict[str, str]:
     """This environment without credentials, with the workspace ``.env``'s plain values (read here:
-    the kernel never reads the file)."""
+    the kernel never reads the file), unless a kernel of this workspace changed it (see config_watch)."""
     db_names, _ = database_env_names(workspace, os.environ)
     env, _ = scrub(os.environ, db_names)
     env.pop(names.ENV_SANDBOX_SETTING, None)
     env[names.ENV_WORKSPACE] = workspace
-    env.update(dotenv_for_kernel(workspace, env))
+    lines = files.begin(protected)
+    for line in lines:
+        print(f"ivralo: {line}", file=sys.stderr)
+    if lines:
+        env[names.ENV_HOST_NOTES] = "\n".join(lines)
+    env.update(dotenv_for_kernel(workspace, env, files.usable(DOTENV)))
     return env
 
 
 def _fallback(args: list[str], workspace: str, why: str) -> NoReturn:
-    """Back to the supervisor, which runs the kernel on the fallback's layers and says why."""
-    env = kernel_env(workspace)
+    """Back to the supervisor, which runs the kernel on the fallback's layers and says why. (The
+    watched files' record names this pid, which the supervisor keeps: the next start compares.)"""
+    env = kernel_env(workspace, WorkspaceFiles(workspace), frozenset())
     env[names.ENV_SANDBOX] = why
     argv = _supervisor_argv(args)
     os.execve(argv[0], argv, env)  # noqa: S606 - our own supervisor, no shell
@@ -153,7 +160,9 @@ def _run(
     workspace: str,
 ) -> int:
     inner_file, inner = kernel_connection(client, folder)
-    env = kernel_env(workspace)
+    prepare_workspace(workspace)  # .ivralo exists before the sandbox mounts it read-only
+    files = WorkspaceFiles(workspace)
+    env = kernel_env(workspace, files, protected_in_sandbox(workspace))
     life_r, life_w = os.pipe()  # the supervisor inside sees EOF when this process is gone
     env[names.ENV_HOST_PIPE_FD] = str(life_r)
     inner_args = [*args]
@@ -193,7 +202,7 @@ def _run(
     from ivralo_kernel.host.processes import find_in_tree
 
     relay_output(process)
-    desk = EgressDesk(workspace, is_trusted(workspace, os.environ))
+    desk = EgressDesk(workspace, is_trusted(workspace, os.environ), files=files)
 
     def decide(host: str, port: int) -> Verdict:
         return Verdict(*desk.decide(host, port, None, None, lambda _on: None))
@@ -227,6 +236,7 @@ def _run(
                     with contextlib.suppress(ProcessLookupError, TypeError):
                         os.kill(pid, signal.SIGKILL)  # type: ignore[arg-type]
     proxy.close()
+    files.end()
     return process.returncode if process.returncode >= 0 else 128 - process.returncode
 
 

@@ -252,12 +252,12 @@ def prepare_workspace(workspace: str) -> None:
             pass
 
 
-def dotenv_for_kernel(workspace: str, env: Mapping[str, str]) -> dict[str, str]:
+def dotenv_for_kernel(workspace: str, env: Mapping[str, str], use_file: bool = True) -> dict[str, str]:
     """The workspace's ``.env`` as the kernel would have loaded it, read here by the host (inside
     the sandbox the file reads empty): ``${VAR}`` expanded against the kernel's own, already
     scrubbed, environment, never the host's; secrets left out; what ``env`` sets wins."""
     path = os.path.join(workspace, names.DOTENV_FILE)
-    if not os.path.isfile(path):
+    if not use_file or not os.path.isfile(path):
         return {}
     from dotenv.main import DotEnv
     from dotenv.variables import parse_variables

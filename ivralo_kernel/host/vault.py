@@ -25,10 +25,16 @@ MIN_REDACTED_LENGTH = 4  # shorter values would redact ordinary words
 
 
 class CredentialVault:
-    def __init__(self, workspace: str, env: Mapping[str, str] = os.environ, extra_names: Iterable[str] = ()) -> None:
+    def __init__(
+        self,
+        workspace: str,
+        env: Mapping[str, str] = os.environ,
+        extra_names: Iterable[str] = (),
+        use_dotenv: bool = True,
+    ) -> None:
         values: dict[str, str] = {}
         dotenv = os.path.join(workspace, names.DOTENV_FILE)
-        if os.path.isfile(dotenv):
+        if use_dotenv and os.path.isfile(dotenv):
             values.update({k: v for k, v in dotenv_values(dotenv).items() if v is not None})
         values.update(env)  # what the host set wins over the file, as in the kernel
         extra = frozenset(extra_names)

@@ -97,6 +97,7 @@ class IvraloKernel(IPythonKernel):
             "role": STATE.role,
             "layers": dict(STATE.layers),
             "scrubbed": list(STATE.scrubbed),
+            "notes": list(STATE.notes),  # as the banner shows them
         }
         return info
 

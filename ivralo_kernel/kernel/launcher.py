@@ -254,6 +254,7 @@ def main() -> None:
         STATE.workspace, STATE.role, STATE.policy, STATE.pipe = workspace, policy.role, policy, reporter
         STATE.scrubbed = sorted(set(removed))
         STATE.notes += problems
+        STATE.notes += [line for line in os.environ.pop(names.ENV_HOST_NOTES, "").splitlines() if line]
         STATE.layers = {}
         file_guard, trusted = _install_file_guards(policy, workspace)
         supervisor_layers = dict(

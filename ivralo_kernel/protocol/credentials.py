@@ -190,7 +190,9 @@ def config_home(env: Mapping[str, str]) -> Path:
     return Path(xdg) / "ivralo"
 
 
-def database_entries(workspace: str | os.PathLike[str], env: Mapping[str, str]) -> tuple[list[DatabaseSpec], list[str]]:
+def database_entries(
+    workspace: str | os.PathLike[str], env: Mapping[str, str], include_workspace: bool = True
+) -> tuple[list[DatabaseSpec], list[str]]:
     """Every entry of ``databases.json``: the config home's first, then the workspace's (so that a
     later entry of the same name, the closer one, wins where names matter).
 
@@ -201,7 +203,9 @@ def database_entries(workspace: str | os.PathLike[str], env: Mapping[str, str]) 
     """
     found: list[DatabaseSpec] = []
     problems: list[str] = []
-    for path in (config_home(env) / names.DATABASES_FILE, Path(workspace) / names.DATABASES_FILE):
+    paths = [config_home(env) / names.DATABASES_FILE]
+    paths += [Path(workspace) / names.DATABASES_FILE] if include_workspace else []
+    for path in paths:
         _, data, problem = read_json_file(path)
         if problem is not None:
             problems.append(problem)

@@ -135,10 +135,15 @@ def read_permissions(path: Path) -> tuple[list[AllowEntry], list[str]]:
     return entries, problems
 
 
-def load_egress_policy(workspace: str, env: Mapping[str, str] = os.environ) -> EgressPolicy:
+def load_egress_policy(
+    workspace: str, env: Mapping[str, str] = os.environ, include_workspace: bool = True
+) -> EgressPolicy:
+    """The allow list: the workspace's permissions.json (unless the host set it aside: see
+    host.config_watch), then the config home's."""
     entries: list[AllowEntry] = []
     problems: list[str] = []
-    for path in (Path(workspace) / names.STATE_DIR / PERMISSIONS_FILE, config_home(env) / PERMISSIONS_FILE):
+    paths = [Path(workspace) / names.STATE_DIR / PERMISSIONS_FILE] if include_workspace else []
+    for path in (*paths, config_home(env) / PERMISSIONS_FILE):
         found, wrong = read_permissions(path)
         entries += found
         problems += wrong

@@ -44,6 +44,8 @@ ENV_SUPERVISOR_LAYERS: Final = "IVRALO_SUPERVISOR_LAYERS"  # "subreaper=1,parent
 ENV_PARENT_PID: Final = "JPY_PARENT_PID"
 # The OS sandbox: "bwrap" when the kernel runs inside one, else why not (the fallback's reason).
 ENV_SANDBOX: Final = "IVRALO_SANDBOX"
+# Lines the host wants the kernel's banner to show (newline-separated), e.g. a workspace file ignored.
+ENV_HOST_NOTES: Final = "IVRALO_HOST_NOTES"
 # The sandbox setting (auto | required | off) for a raw launch, which reads no provisioner config:
 # kernel.json's env carries it. The provisioner's own trait decides for jupyter_client hosts.
 ENV_SANDBOX_SETTING: Final = "IVRALO_SANDBOX_SETTING"
