@@ -125,7 +125,7 @@ def _write_worker_log(workspace: str, stages: list[str], how: str, stderr_tail: 
     """Record why a kernel did not come up, where a person (and the host's error) will look."""
     reached = stages[-1] if stages else "none (the interpreter did not start)"
     lines = [
-        f"{time.strftime('%Y-%m-%d %H:%M:%S')} ivralo kernel failed to start: it {how}.",
+        f"{time.strftime('%Y-%m-%d %H:%M:%S')} ivralo kernel failed to start: it {how} before it was ready.",
         f"  last stage reached: {reached}",
         f"  stages: {', '.join(stages) or '-'}",
         "  stderr tail:",
@@ -281,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     shutil.rmtree(tmp, ignore_errors=True)
     built = names.STAGE_KERNEL_BUILT in stages
     if not built and term_deadline is None:  # a start that failed, or that the host gave up on
-        how = f"{stopped_by} before it was ready" if stopped_by else _describe(kernel_status or 0)
+        how = stopped_by or _describe(kernel_status or 0)
         _write_worker_log(workspace, stages, how, stderr.tail)
     if deadline_kill:
         return names.DEADLINE_EXIT_STATUS
