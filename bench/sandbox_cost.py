@@ -11,7 +11,8 @@ For each kind, interleaved (A B C, C B A, ...) so the machine's drift does not f
    (``loop GET``: the request alone);
 4. idle memory of the whole tree (USS summed over the launched process and its descendants).
 
-Ratios are against plain ipykernel. Run: ``.venv/bin/python bench/sandbox_cost.py [--starts N]``.
+Ratios are against plain ipykernel. Run: ``.venv/bin/python bench/sandbox_cost.py [--starts N]
+[--server-delay-ms MS]`` (a server that takes MS to answer, as a remote one does).
 """
 
 from __future__ import annotations
@@ -38,9 +39,11 @@ KINDS = ("plain", "ivralo", "ivralo-sandbox")
 # The server answers from its own process: sharing the host's process (and its GIL) with the egress
 # proxy would charge the proxy for the server's work and the server for the proxy's.
 ANSWER_SERVER = """
-import http.server, sys
+import http.server, sys, time
+DELAY_S = float(sys.argv[1])
 class Answer(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
+        time.sleep(DELAY_S)
         self.send_response(200)
         self.send_header("Content-Length", "2")
         self.end_headers()
@@ -136,8 +139,12 @@ async def main() -> None:
     parser.add_argument("--starts", type=int, default=6)
     parser.add_argument("--round-trips", type=int, default=40)
     parser.add_argument("--gets", type=int, default=30)
+    # A loopback server answers in microseconds; a remote one takes a network round trip, which
+    # the proxy's bookkeeping (noting the decision for the cell's line) overlaps.
+    parser.add_argument("--server-delay-ms", type=float, default=0.0)
     args = parser.parse_args()
-    server = subprocess.Popen([sys.executable, "-c", ANSWER_SERVER], stdout=subprocess.PIPE, text=True)
+    delay = str(args.server_delay_ms / 1000)
+    server = subprocess.Popen([sys.executable, "-c", ANSWER_SERVER, delay], stdout=subprocess.PIPE, text=True)
     assert server.stdout is not None
     port = int(server.stdout.readline())  # the handshake: it listens once it has printed its port
     samples: dict[str, list[dict[str, Any]]] = {k: [] for k in KINDS}
