@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 import pexpect
-import psutil
 import pytest
+from console import jupyter_console
 
 from ivralo_kernel.cli import main
 from ivralo_kernel.cli.install import install
@@ -63,16 +63,7 @@ def test_run_prints_each_cell(tmp_path: Path, capsys: pytest.CaptureFixture[str]
 
 
 def test_jupyter_console(tmp_path: Path) -> None:
-    child = pexpect.spawn(
-        str(BIN / "jupyter"),
-        ["console", "--kernel", "ivralo", "--simple-prompt"],
-        cwd=str(tmp_path),
-        env=dict(os.environ, TERM="dumb"),
-        encoding="utf-8",
-        timeout=60,
-    )
-    try:
-        child.expect(r"In \[1\]: ")
+    with jupyter_console("ivralo", tmp_path, first_cell=False) as child:
         child.sendline("print(6 * 7)")
         child.expect("42")
         child.expect(r"In \[2\]: ")
@@ -80,17 +71,6 @@ def test_jupyter_console(tmp_path: Path) -> None:
         child.expect("ivralo")
         child.sendline("exit")
         child.expect(pexpect.EOF)
-    except pexpect.TIMEOUT:
-        kernels = [
-            p.info
-            for p in psutil.process_iter(["pid", "status", "cmdline"])
-            if "ivralo_kernel.kernel" in " ".join(p.info["cmdline"] or [])
-        ]
-        raise AssertionError(
-            f"jupyter console did not answer; the screen so far: {child.before!r}; kernels: {kernels}"
-        ) from None
-    finally:
-        child.close(force=True)
     assert child.exitstatus == 0
 
 

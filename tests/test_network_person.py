@@ -19,6 +19,7 @@ from typing import Any
 import nbformat
 import pexpect
 import pytest
+from console import jupyter_console
 from jupyter_client.manager import KernelManager
 from kernel_helpers import answering
 from nbclient import NotebookClient
@@ -133,21 +134,7 @@ def test_nobody_to_ask_in_nbclient(workspace: Path, port: int) -> None:
 
 
 def test_jupyter_console_asks_at_its_prompt(workspace: Path, port: int) -> None:
-    child = pexpect.spawn(
-        str(BIN / "jupyter"),
-        ["console", "--kernel", "ivralo", "--simple-prompt"],
-        cwd=str(workspace),
-        env=dict(os.environ, TERM="dumb"),
-        encoding="utf-8",
-        timeout=60,
-    )
-    try:
-        child.expect(r"In \[1\]: ")
-        # A first cell, as a person starts: jupyter console ends its wait for a cell's input requests at
-        # any "idle" of its own session, and one left over from its start-up requests can come first.
-        child.sendline("1 + 1")
-        child.expect(r"Out\[1\]: 2")
-        child.expect(r"In \[2\]: ")
+    with jupyter_console("ivralo", workspace) as child:
         child.sendline(f"import urllib.request; print(urllib.request.urlopen('http://localhost:{port}/').status)")
         child.expect(rf"Code in this cell wants to reach localhost \(port {port}\)\. Allow\? \[yes/no\] ")
         child.sendline("yes")
@@ -156,8 +143,4 @@ def test_jupyter_console_asks_at_its_prompt(workspace: Path, port: int) -> None:
         child.expect(r"In \[3\]: ")
         child.sendline("exit")
         child.expect(pexpect.EOF)
-    except pexpect.TIMEOUT:
-        raise AssertionError(f"jupyter console did not get there; the screen so far: {child.before!r}") from None
-    finally:
-        child.close(force=True)
     assert child.exitstatus == 0

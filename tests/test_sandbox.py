@@ -19,6 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 from conftest import PYTHON, SANDBOXED_KERNEL, gone, wait_until
+from console import jupyter_console
 from jupyter_client.blocking.client import BlockingKernelClient
 from jupyter_client.manager import KernelManager
 from kernel_helpers import execute
@@ -273,37 +274,16 @@ async def test_a_person_s_answer_through_session_counts_at_once(workspace: Path,
 @pytest.mark.parametrize("answer", ["yes", "no"])
 def test_jupyter_console_asks_for_a_subprocess_too(workspace: Path, answer: str) -> None:
     """In ``jupyter console``, curl in a cell is asked about at the console's prompt."""
-    import sys
-
     import pexpect
 
-    with counting_http() as (port, hits):
-        child = pexpect.spawn(
-            str(Path(sys.executable).parent / "jupyter"),
-            ["console", "--kernel", SANDBOXED_KERNEL, "--simple-prompt"],
-            cwd=str(workspace),
-            env=dict(os.environ, TERM="dumb"),
-            encoding="utf-8",
-            timeout=60,
-        )
-        try:
-            child.expect(r"In \[1\]: ")
-            # A first cell, as a person starts: jupyter console ends its wait for a cell's input requests at
-            # any "idle" of its own session, and one left over from its start-up requests can come first.
-            child.sendline("1 + 1")
-            child.expect(r"Out\[1\]: 2")
-            child.expect(r"In \[2\]: ")
-            child.sendline(f"!curl -sS http://localhost:{port}/from-curl")
-            child.expect(rf"Code in this cell wants to reach localhost \(port {port}\)\. Allow\? \[yes/no\] ")
-            child.sendline(answer)
-            child.expect("hello from the host" if answer == "yes" else "the person said no")
-            child.expect(r"In \[3\]: ")
-            child.sendline("exit")
-            child.expect(pexpect.EOF)
-        except pexpect.TIMEOUT:
-            raise AssertionError(f"jupyter console did not get there; the screen so far: {child.before!r}") from None
-        finally:
-            child.close(force=True)
+    with counting_http() as (port, hits), jupyter_console(SANDBOXED_KERNEL, workspace) as child:
+        child.sendline(f"!curl -sS http://localhost:{port}/from-curl")
+        child.expect(rf"Code in this cell wants to reach localhost \(port {port}\)\. Allow\? \[yes/no\] ")
+        child.sendline(answer)
+        child.expect("hello from the host" if answer == "yes" else "the person said no")
+        child.expect(r"In \[3\]: ")
+        child.sendline("exit")
+        child.expect(pexpect.EOF)
     assert hits == (["/from-curl"] if answer == "yes" else [])
 
 
