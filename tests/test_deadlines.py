@@ -104,6 +104,39 @@ async def test_a_cell_that_forges_idle_and_disarms_is_still_ended(workspace: Pat
         wait_until(lambda: gone(kernel), 1, "the kernel that lied to be gone")
 
 
+# As above, and from a thread it keeps forging the next execution every 0.3 s: "idle" for the last
+# fake one, "busy" for a fresh msg_id no client sent. Each fake would end the one before it, well
+# before its own deadline, if the host believed a "busy" it cannot trace to a client's request.
+FORGES_THE_NEXT_EXECUTION = FORGES_IDLE_AND_DISARMS.replace(
+    "signal.signal(",
+    """import threading, time, uuid
+def chain():
+    last = parent
+    while True:
+        fake = {**parent, 'header': {**parent['header'], 'msg_id': uuid.uuid4().hex}}
+        for state, p in (('idle', last), ('busy', fake)):
+            k.session.send(k.iopub_socket, 'status', {'execution_state': state}, parent=p, ident=k._topic('status'))
+        last = fake
+        time.sleep(0.3)
+threading.Thread(target=chain, daemon=True).start()
+signal.signal(""",
+)
+
+
+async def test_a_cell_that_forges_the_next_execution_is_still_ended(workspace: Path) -> None:
+    """The sandbox's relay shows the host every request clients send: a "busy" for one no client
+    sent does not end the execution that is really running."""
+    async with Session(workspace=workspace, config=CONFIG) as session:
+        await session.run("pass")
+        assert session.supervisor_pid is not None
+        kernel = kernel_in_tree(session.supervisor_pid)
+        elapsed, result = await timed(session, FORGES_THE_NEXT_EXECUTION)
+        assert isinstance(result, dict), result
+        assert result["error"].startswith("REPL worker terminated (timeout: execution exceeded"), result
+        assert elapsed <= BOUND_S + SLACK_S, elapsed
+        wait_until(lambda: gone(kernel), 1, "the kernel that lied to be gone")
+
+
 # Code in the kernel asks the host about a host "for the person" (a question nobody will answer),
 # so that the deadline pauses, then computes. From a thread: the cell itself goes on.
 FORGES_A_QUESTION = """

@@ -1,28 +1,37 @@
-"""[host] The five Jupyter channels, relayed between a client's TCP ports and a sandboxed kernel's
-``ipc`` sockets (a raw launch: VS Code chose the ports; the kernel lives in a network namespace of
-its own, where a TCP port is out of its reach).
+"""[host] The five Jupyter channels, relayed between the clients' endpoints and a sandboxed kernel's
+``ipc`` sockets in its run folder.
 
-Each channel is a ``zmq.proxy`` on a thread of its own (libzmq moves the frames; Python is not in
-the path). Routing identities survive the trip: a client's request reaches the kernel as
-``[relay identity, client identity, <IDS|MSG>, ...]``, so the reply finds its way back by the same
-frames. The shell and stdin relays share one identity towards the kernel: ipykernel sends a cell's
-``input_request`` to the identities of the shell message that ran it, on the stdin socket, and the
-first of them must be a peer of that socket too. IOPub is XPUB/XSUB, so a client's subscription
-reaches the kernel (ipykernel greets each new subscriber with ``iopub_welcome``).
+Two hosts use it. The raw launch's (VS Code chose TCP ports; the kernel lives in a network namespace
+of its own, where a TCP port is out of its reach). And the provisioner, whose clients connect to
+``ipc`` sockets outside the sandbox: there the relay also sees every request a client sends on
+shell, which the kernel cannot forge (``requested``), so the host can tell a real new execution
+from a "busy" that code in the kernel published itself.
+
+Each channel has a thread of its own. Four are ``zmq.proxy_steerable`` (libzmq moves the frames);
+shell is a short Python loop when its requests are watched. Routing identities survive the trip: a
+client's request reaches the kernel as ``[relay identity, client identity, <IDS|MSG>, ...]``, so the
+reply finds its way back by the same frames. The shell and stdin relays share one identity towards
+the kernel: ipykernel sends a cell's ``input_request`` to the identities of the shell message that
+ran it, on the stdin socket, and the first of them must be a peer of that socket too. IOPub is
+XPUB/XSUB, so a client's subscription reaches the kernel (ipykernel greets each new subscriber).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import threading
+from collections import OrderedDict
 from typing import Any
 
 import zmq
 
 # Towards the kernel, shell and stdin are one peer (see above).
-SHELL_AND_STDIN_IDENTITY = b"ivralo-raw-launch"
+SHELL_AND_STDIN_IDENTITY = b"ivralo-relay"
 # ipc sockets appear when the kernel binds them, a moment after it starts: retry often.
 RECONNECT_IVL_MS = 10
+DELIMITER = b"<IDS|MSG>"
+KEEP_REQUESTS = 256  # execute_request ids remembered (an execution's busy follows its request at once)
 
 
 def endpoint(info: dict[str, Any], channel: str) -> str:
@@ -31,13 +40,18 @@ def endpoint(info: dict[str, Any], channel: str) -> str:
 
 
 class ChannelRelay:
-    """Binds the client's side now (a client may connect before the kernel is up: its messages
-    wait in the relay) and connects to the kernel's side, which appears when the kernel binds.
-    The proxies run for the rest of the process's life."""
+    """Binds the clients' side now (a client may connect before the kernel is up: its messages wait
+    in the relay) and connects to the kernel's side, which appears when the kernel binds (again
+    after a restart). ``watch_requests``: note the ids of the execute_requests clients send."""
 
-    def __init__(self, client_side: dict[str, Any], kernel_side: dict[str, Any]) -> None:
+    def __init__(self, client_side: dict[str, Any], kernel_side: dict[str, Any], watch_requests: bool = False) -> None:
         self._context = zmq.Context()
         self._context.setsockopt(zmq.LINGER, 0)
+        self._watch = watch_requests
+        self._requests: OrderedDict[str, None] = OrderedDict()
+        self._lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+        self._controls: list[zmq.Socket[Any]] = []
         self._pairs: list[tuple[str, zmq.Socket[Any], zmq.Socket[Any]]] = []
         for channel, outer_type, inner_type in (
             ("shell", zmq.ROUTER, zmq.DEALER),
@@ -58,13 +72,73 @@ class ChannelRelay:
             self._pairs.append((channel, outer, inner))
 
     def start(self) -> None:
-        for channel, outer, inner in self._pairs:
-            thread = threading.Thread(target=_proxy, args=(outer, inner), name=f"ivralo-relay-{channel}")
+        for n, (channel, outer, inner) in enumerate(self._pairs):
+            address = f"inproc://ivralo-relay-{id(self)}-{n}"
+            command = self._context.socket(zmq.PAIR)
+            command.bind(address)
+            self._controls.append(command)
+            steer = self._context.socket(zmq.PAIR)
+            steer.connect(address)
+            run = self._shell if channel == "shell" and self._watch else _proxy
+            thread = threading.Thread(target=run, args=(outer, inner, steer), name=f"ivralo-relay-{channel}")
             thread.daemon = True
             thread.start()
+            self._threads.append(thread)
+
+    def requested(self, msg_id: str) -> bool:
+        """(any thread) Did a client send this execute_request? (Only with ``watch_requests``.)"""
+        with self._lock:
+            return msg_id in self._requests
+
+    def close(self) -> None:
+        """Stop every channel's thread, then the sockets (each closed by its own thread)."""
+        for command in self._controls:
+            with contextlib.suppress(zmq.ZMQError):
+                command.send(b"TERMINATE")
+        for thread in self._threads:
+            thread.join(timeout=5)
+        for command in self._controls:
+            command.close(linger=0)
+        self._context.term()
+
+    def _shell(self, outer: zmq.Socket[Any], inner: zmq.Socket[Any], steer: zmq.Socket[Any]) -> None:
+        poller = zmq.Poller()
+        for socket in (outer, inner, steer):
+            poller.register(socket, zmq.POLLIN)
+        try:
+            while True:
+                events = dict(poller.poll())
+                if steer in events:
+                    return
+                if outer in events:
+                    frames = outer.recv_multipart()
+                    self._note(frames)
+                    inner.send_multipart(frames)
+                if inner in events:
+                    outer.send_multipart(inner.recv_multipart())
+        except zmq.ZMQError:
+            return
+        finally:
+            for socket in (outer, inner, steer):
+                socket.close(linger=0)
+
+    def _note(self, frames: list[bytes]) -> None:
+        """A client's message: remember the id of an execute_request (its header, after the
+        delimiter and the signature; the kernel checks the signature, so a bad one runs nothing)."""
+        try:
+            at = frames.index(DELIMITER)
+            header = json.loads(frames[at + 2])
+        except (ValueError, IndexError):
+            return
+        if isinstance(header, dict) and header.get("msg_type") == "execute_request":
+            with self._lock:
+                self._requests[str(header.get("msg_id"))] = None
+                while len(self._requests) > KEEP_REQUESTS:
+                    self._requests.popitem(last=False)
 
 
-def _proxy(outer: zmq.Socket[Any], inner: zmq.Socket[Any]) -> None:
-    # Runs until the process ends: the raw launch's host exits (os._exit) when its kernel has ended.
+def _proxy(outer: zmq.Socket[Any], inner: zmq.Socket[Any], steer: zmq.Socket[Any]) -> None:
     with contextlib.suppress(zmq.ZMQError):
-        zmq.proxy(outer, inner)
+        zmq.proxy_steerable(outer, inner, None, steer)
+    for socket in (outer, inner, steer):
+        socket.close(linger=0)

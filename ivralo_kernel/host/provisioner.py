@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import stat
@@ -28,6 +29,7 @@ from traitlets import Bool, Int, List, Unicode, validate
 
 from ivralo_kernel.host.announce import answer_lost_execution
 from ivralo_kernel.host.broker import BrokerResponder
+from ivralo_kernel.host.channel_relay import ChannelRelay
 from ivralo_kernel.host.config_watch import DOTENV, WorkspaceFiles, protected_in_sandbox
 from ivralo_kernel.host.egress_notes import NOTE_WAIT_S, EgressNotes
 from ivralo_kernel.host.egress_proxy import EgressProxy, Verdict
@@ -36,7 +38,7 @@ from ivralo_kernel.host.kernel_output import relay_output
 from ivralo_kernel.host.kernelspec import SUPERVISOR_MODULE
 from ivralo_kernel.host.processes import find_in_tree, host_pid
 from ivralo_kernel.host.sandbox import TOOL_FILES_DEFAULT, availability, dotenv_for_kernel, prepare_workspace
-from ivralo_kernel.host.sandbox_launch import SandboxFolder, sandboxed_command
+from ivralo_kernel.host.sandbox_launch import SandboxFolder, kernel_connection, sandboxed_command
 from ivralo_kernel.host.watchdog import Loss, Watchdog, WatchdogSettings
 from ivralo_kernel.protocol import KernelPolicy, database_env_names, names, scrub
 from ivralo_kernel.protocol.credentials import CREDENTIAL_STORES, credential_store_paths
@@ -156,6 +158,8 @@ class IvraloProvisioner(LocalProvisioner):  # type: ignore[misc]
     sandboxed = False  # the running kernel lives in a bwrap sandbox
     sandbox_reason = ""  # why not, when it does not
     egress_proxy: EgressProxy | None = None
+    relay: ChannelRelay | None = None  # clients' channels <-> the sandboxed kernel's ipc sockets
+    _kernel_side: dict[str, Any] | None = None  # the kernel's own connection info (inside the sandbox)
     workspace_files: WorkspaceFiles | None = None  # the workspace's files as the host trusts them
     _egress_notes: EgressNotes | None = None
     _sandbox_folder: SandboxFolder | None = None
@@ -206,8 +210,8 @@ class IvraloProvisioner(LocalProvisioner):  # type: ignore[misc]
     async def pre_launch(self, **kwargs: Any) -> dict[str, Any]:
         policy = self.policy_for(str(kwargs.get("cwd") or os.getcwd()))
         bwrap = self._choose_sandbox()
-        if bwrap is not None:
-            self._use_ipc()
+        if bwrap is not None and self._sandbox_folder is None:
+            self._sandbox_folder = SandboxFolder.create()
         kwargs = await super().pre_launch(**kwargs)
         original_env = dict(kwargs["env"])
         db_names, problems = database_env_names(policy.workspace, kwargs["env"])
@@ -280,35 +284,31 @@ class IvraloProvisioner(LocalProvisioner):  # type: ignore[misc]
         self.sandboxed, self.sandbox_reason = bwrap is not None, why
         return bwrap
 
-    def _use_ipc(self) -> None:
-        """The kernel's Jupyter sockets become files in its own runtime folder (the sandbox has a
-        network namespace of its own: a TCP port bound inside is not reachable from here)."""
-        if self._sandbox_folder is None:
-            self._sandbox_folder = SandboxFolder.create()
-        km = self.parent
-        if km is None:
-            return
-        ip = self._sandbox_folder.kernel_ip
-        if km.transport == "ipc" and km.ip == ip:
-            return  # a restart: the same sockets again
-        if getattr(km, "_connection_file_written", False):
-            km.cleanup_connection_file()  # written for TCP by a host that did it early
-        km.transport, km.ip, km.cache_ports = "ipc", ip, False
-
     def _sandboxed(self, bwrap: str, workspace: str, cmd: list[str], env: dict[str, str]) -> list[str]:
         folder = self._sandbox_folder
         assert folder is not None
         if self.egress_proxy is None:
             self.egress_proxy = EgressProxy(folder.egress_socket, self._decide_egress)
             self.egress_proxy.start()
+        # The kernel's sockets are ipc files in its run folder; the clients' (TCP as Jupyter's default, or
+        # what they asked for) are the relay's, outside the sandbox. The relay also shows the host every
+        # request clients send on shell, which code in the kernel cannot forge.
         connection_file = str(getattr(self.parent, "connection_file", "") or "")
+        with open(connection_file, encoding="utf-8") as f:
+            clients = json.load(f)
+        folder.clear_kernel_sockets()  # a restart's new kernel binds the same files
+        inner_file, self._kernel_side = kernel_connection(clients, folder)
+        if self.relay is None:
+            self.relay = ChannelRelay(clients, self._kernel_side, watch_requests=True)
+            self.relay.start()
+        cmd = [inner_file if part == connection_file else part for part in cmd]
         return sandboxed_command(
             bwrap,
             folder,
             workspace,
             cmd,
             env,
-            read_only_files=tuple(p for p in (connection_file, self.policy_file) if p),
+            read_only_files=tuple(p for p in (inner_file, self.policy_file) if p),
             tool_files=tuple(self.tool_files),
             credential_stores=credential_store_paths(os.environ, self.credential_stores),
             jupyter_runtime_dir=os.path.dirname(connection_file) or None,
@@ -398,6 +398,7 @@ class IvraloProvisioner(LocalProvisioner):  # type: ignore[misc]
             comm_id=self.broker_comm_id,
             interrupt=self._interrupt_now,
             backstop=self._backstop_line,
+            requested=self.relay.requested if self.relay is not None else None,
         )
         send = self.watchdog.send_control
         self._egress_notes = EgressNotes(lambda note, on_reply: send(names.MSG_EGRESS_NOTE, note, on_reply))
@@ -440,10 +441,15 @@ class IvraloProvisioner(LocalProvisioner):  # type: ignore[misc]
                 "a fresh kernel is running now: re-run the cells you need."
             )
             if loss.parent:
-                answer_lost_execution(dict(self.connection_info), loss.parent, loss.requester, text)
+                # Through the relay, when there is one: answered where the dead kernel's sockets were.
+                info = self._kernel_side if self.relay is not None else dict(self.connection_info)
+                answer_lost_execution(dict(info or {}), loss.parent, loss.requester, text)
             cmd, kwargs = self._launch_args
-            if self.parent is not None:
-                self.parent.cleanup_ipc_files()  # the killed kernel's socket files: the new one binds the same
+            # The killed kernel's socket files: the new one binds the same.
+            if self._sandbox_folder is not None and self.relay is not None:
+                self._sandbox_folder.clear_kernel_sockets()
+            elif self.parent is not None:
+                self.parent.cleanup_ipc_files()
             env = dict(kwargs.get("env") or os.environ)
             env[names.ENV_REPLACEMENT] = "1"  # it holds requests until its IOPub subscribers are back
             self.process = launch_kernel(cmd, **{**kwargs, "env": env})
@@ -528,6 +534,9 @@ class IvraloProvisioner(LocalProvisioner):  # type: ignore[misc]
                 os.unlink(self.policy_file)
             self.policy_file = None
         if not restart:
+            if self.relay is not None:
+                self.relay.close()
+                self.relay = None
             if self.workspace_files is not None:
                 self.workspace_files.end()
                 self.workspace_files = None

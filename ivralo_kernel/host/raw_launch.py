@@ -35,11 +35,10 @@ from typing import Any, NoReturn
 from ivralo_kernel.host.config_watch import DOTENV, WorkspaceFiles, protected_in_sandbox
 from ivralo_kernel.host.kernelspec import SUPERVISOR_MODULE
 from ivralo_kernel.host.sandbox import TOOL_FILES_DEFAULT, availability, dotenv_for_kernel, prepare_workspace
-from ivralo_kernel.host.sandbox_launch import SandboxFolder, sandboxed_command
+from ivralo_kernel.host.sandbox_launch import CHANNELS, SandboxFolder, kernel_connection, sandboxed_command
 from ivralo_kernel.protocol import KernelPolicy, database_env_names, names, scrub
 from ivralo_kernel.protocol.trust import is_trusted
 
-CHANNELS = ("shell", "iopub", "stdin", "control", "hb")
 TERM_GRACE_S = 5.0  # the supervisor's own grace (3 s) and its clean-up, before we end it ourselves
 PARENT_POLL_S = 0.5
 _WATCHED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGCHLD)
@@ -100,19 +99,6 @@ def client_connection(path: str) -> dict[str, Any]:
         kernel_name=str(info.get("kernel_name") or ""),
     )
     return dict(written)
-
-
-def kernel_connection(client: dict[str, Any], folder: SandboxFolder) -> tuple[str, dict[str, Any]]:
-    """The kernel's connection file: the client's key, ``ipc`` sockets in the run folder (read-only
-    inside; the kernel finds every port given and writes nothing)."""
-    info = {k: v for k, v in client.items() if k not in (f"{c}_port" for c in CHANNELS)}
-    info |= {"transport": "ipc", "ip": folder.kernel_ip}
-    info |= {f"{channel}_port": number for number, channel in enumerate(CHANNELS, start=1)}
-    path = os.path.join(folder.root, "connection.json")
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(info, f)
-    os.chmod(path, 0o400)
-    return path, info
 
 
 def _connection_file_arg(args: list[str]) -> str:

@@ -10,16 +10,19 @@ mounted over each ``.env``.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import sys
 import tempfile
 from dataclasses import dataclass
+from typing import Any
 
 from ivralo_kernel.host.sandbox import SandboxPlan, prepare_workspace
 from ivralo_kernel.protocol import names
 
 PROXY_URL = f"http://127.0.0.1:{names.RELAY_PORT}"
+CHANNELS = ("shell", "iopub", "stdin", "control", "hb")
 PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")
 
 
@@ -54,8 +57,29 @@ class SandboxFolder:
     def egress_socket(self) -> str:
         return os.path.join(self.run_dir, "egress.sock")
 
+    def clear_kernel_sockets(self) -> None:
+        """A dead kernel's socket files: a new kernel binds the same (one still closing holds them)."""
+        for number in range(1, len(CHANNELS) + 1):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(f"{self.kernel_ip}-{number}")
+
     def remove(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+def kernel_connection(client: dict[str, Any], folder: SandboxFolder) -> tuple[str, dict[str, Any]]:
+    """The kernel's connection file: the client's key, ``ipc`` sockets in the run folder (read-only
+    inside; the kernel finds every port given and writes nothing)."""
+    info = {k: v for k, v in client.items() if k not in (f"{c}_port" for c in CHANNELS)}
+    info |= {"transport": "ipc", "ip": folder.kernel_ip}
+    info |= {f"{channel}_port": number for number, channel in enumerate(CHANNELS, start=1)}
+    path = os.path.join(folder.root, "connection.json")
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)  # a restart: written again (read-only, so not opened for writing)
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(info, f)
+    os.chmod(path, 0o400)
+    return path, info
 
 
 def sandboxed_command(

@@ -84,10 +84,13 @@ class Watchdog:
         comm_id: str | None = None,
         interrupt: Callable[[], None] | None = None,
         backstop: Callable[[str, float | None], None] | None = None,
+        requested: Callable[[str], bool] | None = None,
     ) -> None:
         self.settings = settings
         # The supervisor's backstop, armed and disarmed by us alone (execution, CLOCK_MONOTONIC or None).
         self._backstop = backstop
+        # Did a client send this execute_request? (Seen by the relay; None: no relay, trust the kernel.)
+        self._requested = requested
         self._armed: set[str] = set()
         self._settle_from: dict[str, Sample] = {}  # a settling execution's last sample of the tree
         self.root_pid = root_pid
@@ -306,8 +309,11 @@ class Watchdog:
                 self.running[msg_id] = parent
                 self._requesters[msg_id] = _requester(msg)
                 self.observer.busy = True
+                # A real next execution ends the settling ones. A "busy" for a request no client
+                # sent is code in the kernel publishing it: the earlier execution is not over.
+                real = self._requested is None or self._requested(msg_id)
                 for earlier, escalation in self.escalations.items():
-                    if earlier != msg_id and escalation.phase is Phase.SETTLING:
+                    if real and earlier != msg_id and escalation.phase is Phase.SETTLING:
                         escalation.on_next_execution(now)
                         self._arm(earlier)
                 if self.settings.deadline is not None and msg_id not in self.escalations:
