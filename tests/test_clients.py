@@ -161,3 +161,24 @@ def test_kernelspec_in_repo_matches_the_generator() -> None:
 
     shipped = json.loads((Path(__file__).parents[1] / "kernelspec" / "kernel.json").read_text())
     assert shipped == kernel_spec_dict(python="python")
+
+
+def test_a_client_that_asks_for_ipc_keeps_working_across_a_restart(workspace: Path, tmp_path: Path) -> None:
+    """``--KernelManager.transport=ipc``: the clients' socket files are the host's relay's (the
+    kernel's own are in its sandbox), bound again after jupyter_client's restart removes them."""
+    km = KernelManager(kernel_name="ivralo", transport="ipc", ip=str(tmp_path / "kernel"))
+    km.start_kernel(cwd=str(workspace))
+    clients = [km.client()]
+    try:
+        clients[0].start_channels()
+        clients[0].wait_for_ready(timeout=60)
+        assert execute(clients[0], "print(1 + 1)").stdout == "2\n"
+        km.restart_kernel(now=True)
+        clients.append(km.client())  # a client that connects after the restart (a new browser tab)
+        clients[1].start_channels()
+        clients[1].wait_for_ready(timeout=60)
+        assert execute(clients[1], "print(2 + 2)").stdout == "4\n"
+    finally:
+        for client in clients:
+            client.stop_channels()
+        km.shutdown_kernel(now=True)

@@ -298,6 +298,10 @@ class IvraloProvisioner(LocalProvisioner):  # type: ignore[misc]
             clients = json.load(f)
         folder.clear_kernel_sockets()  # a restart's new kernel binds the same files
         inner_file, self._kernel_side = kernel_connection(clients, folder)
+        if self.relay is not None and clients.get("transport") == "ipc":
+            # jupyter_client removes ipc files on restart: bound again, where its clients look.
+            self.relay.close()
+            self.relay = None
         if self.relay is None:
             self.relay = ChannelRelay(clients, self._kernel_side, watch_requests=True)
             self.relay.start()
