@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -174,3 +175,24 @@ def test_layers_say_which_floor_is_in_force(kernel: tuple[BlockingKernelClient, 
     shown = execute(kc, "print(get_ipython().kernel.kernel_info['ivralo']['layers']['landlock'])").stdout
     assert shown.startswith("ABI ") if landlock else shown.startswith("off")
     assert os.path.exists("/proc/self/task")
+
+
+REFUSALS = {
+    "write": ("open('/etc/ivralo-nope', 'w')", "GuardRefusal: ivralo write guard"),
+    "read": ("open('.env')", "GuardRefusal: ivralo read guard"),
+}
+
+
+@pytest.mark.parametrize("what", REFUSALS)
+def test_a_refusal_reads_as_the_line_that_tried_and_its_sentence(
+    kernel: tuple[BlockingKernelClient, bool, Path], what: str
+) -> None:
+    """What a notebook shows: the cell's frame, then the error and its sentence; none of ivralo's
+    own frames (the guards' code says nothing a person can act on)."""
+    kc, _, _ = kernel
+    code, error = REFUSALS[what]
+    done = execute(kc, code)
+    traceback = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(done.reply["content"]["traceback"]))  # no colours
+    assert error in traceback, traceback
+    assert "ivralo_kernel" not in traceback and "_hooks.py" not in traceback, traceback
+    assert "Cell In[" in traceback, traceback

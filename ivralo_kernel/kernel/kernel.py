@@ -24,6 +24,7 @@ from typing import Any
 
 from ipykernel.ipkernel import IPythonKernel
 
+import ivralo_kernel.guards as guards_package
 from ivralo_kernel import __version__
 from ivralo_kernel.guards.network import hosts_tried_line
 from ivralo_kernel.kernel import api
@@ -58,7 +59,9 @@ class IvraloKernel(IPythonKernel):
         self._executing: str | None = None
         self._executing_parent: tuple[dict[str, Any], Any] | None = None  # (request, its stdin identity)
         assert self.shell is not None
-        self.shell.set_custom_exc((KeyboardInterrupt,), _show_interrupt)
+        # IPython keeps one custom-exception hook: the deadline's message, and refusals shown
+        # without ivralo's own frames (OSError: the guards' refusals are PermissionError, gaierror).
+        self.shell.set_custom_exc((KeyboardInterrupt, OSError, ImportError), _show_exception)
         self._replacement_gate = _ReplacementGate() if os.environ.pop(names.ENV_REPLACEMENT, "") else None
         self._host_gate = BROKER.comm_id is not None  # a host started us: wait for its hello first
         BROKER.publish = self._publish_broker_request
@@ -291,17 +294,39 @@ class IvraloKernel(IPythonKernel):
         )
 
 
-def _show_interrupt(shell: Any, etype: type, value: BaseException, tb: Any, tb_offset: int | None = None) -> list[str]:
-    """IPython's custom-exception hook for KeyboardInterrupt: the deadline message, or the usual."""
+_GUARDS = os.path.dirname(guards_package.__file__) + os.sep
+
+
+def _without_guard_frames(tb: Any) -> Any:
+    """The traceback up to the last frame before ivralo's guards: a refusal reads as the line that
+    tried, then the error's sentence (the guards' frames say nothing a person can act on)."""
+    frames, node = [], tb
+    while node is not None:
+        frames.append(node)
+        node = node.tb_next
+    cut = next((i for i, f in enumerate(frames) if f.tb_frame.f_code.co_filename.startswith(_GUARDS)), None)
+    if cut is None or cut == 0:
+        return tb
+    frames[cut - 1].tb_next = None
+    return tb
+
+
+def _show_exception(shell: Any, etype: type, value: BaseException, tb: Any, tb_offset: int | None = None) -> list[str]:
+    """IPython's custom-exception hook: the deadline message for its KeyboardInterrupt; a guard's
+    refusal without the guard's frames; anything else as usual."""
     kernel = shell.kernel
-    msg_id = kernel._executing if isinstance(kernel, IvraloKernel) else None
-    deadline_ms = kernel.deadline_notices.get(msg_id) if isinstance(kernel, IvraloKernel) else None
-    if deadline_ms is None:
-        stb: list[str] = shell.InteractiveTB.structured_traceback(etype, value, tb, tb_offset=tb_offset)
+    if issubclass(etype, KeyboardInterrupt):
+        msg_id = kernel._executing if isinstance(kernel, IvraloKernel) else None
+        deadline_ms = kernel.deadline_notices.get(msg_id) if isinstance(kernel, IvraloKernel) else None
+        if deadline_ms is not None:
+            stb = [DeadlineNotices.text(deadline_ms)]
+            shell._showtraceback(etype, value, stb)
+            return stb
     else:
-        stb = [DeadlineNotices.text(deadline_ms)]
-    shell._showtraceback(etype, value, stb)
-    return stb
+        tb = _without_guard_frames(tb)
+    stb_: list[str] = shell.InteractiveTB.structured_traceback(etype, value, tb, tb_offset=tb_offset)
+    shell._showtraceback(etype, value, stb_)
+    return stb_
 
 
 class _CellPrompt:
