@@ -17,7 +17,10 @@ ALLOWED: dict[str, tuple[set[str], set[str]]] = {
     "guards": ({"protocol"}, set()),
     "supervisor": ({"protocol"}, set()),
     "kernel": ({"guards", "protocol"}, {"ipykernel", "traitlets", "IPython", "dotenv", "zmq"}),
-    "host": ({"protocol"}, {"jupyter_client", "traitlets", "psutil", "zmq", "dotenv", "sqlalchemy", "httpx"}),
+    "host": (
+        {"protocol"},
+        {"jupyter_client", "jupyter_core", "traitlets", "psutil", "zmq", "dotenv", "sqlalchemy", "httpx"},
+    ),
     "cli": ({"host", "protocol"}, {"jupyter_client", "nbclient", "nbformat", "jupyter_core"}),
 }
 

@@ -23,7 +23,7 @@ import pytest
 from conftest import FALLBACK_KERNEL, gone, wait_until
 from jupyter_client.blocking.client import BlockingKernelClient
 from jupyter_client.connect import write_connection_file
-from jupyter_client.kernelspec import KernelSpecManager
+from jupyter_client.kernelspec import KernelSpec, KernelSpecManager
 from kernel_helpers import execute
 from sandbox_cases import counting_http, sh
 
@@ -65,8 +65,10 @@ def raw(workspace: Path, tmp_path: Path) -> Iterator[RawKernel]:
 
 
 @contextlib.contextmanager
-def raw_launch(workspace: Path, tmp_path: Path, kernel_name: str = "ivralo") -> Iterator[RawKernel]:
-    spec = KernelSpecManager().get_kernel_spec(kernel_name)
+def raw_launch(
+    workspace: Path, tmp_path: Path, kernel_name: str = "ivralo", spec: KernelSpec | None = None
+) -> Iterator[RawKernel]:
+    spec = spec or KernelSpecManager().get_kernel_spec(kernel_name)
     connection_file, _ = write_connection_file(str(tmp_path / "kernel-v3-raw.json"))
     argv = [part.format(connection_file=connection_file) for part in spec.argv]
     # kernel.json's env, and what VS Code adds

@@ -12,16 +12,25 @@ from ivralo_kernel.protocol import IvraloError, names
 
 def _install(args: argparse.Namespace) -> int:
     from ivralo_kernel.cli.install import install
+    from ivralo_kernel.host.settings import JupyterHostSettings, command_line_layer, resolve
 
-    prefix = sys.prefix if args.sys_prefix else args.prefix
-    settings = {
+    flags = {
         "deadline_ms": args.deadline_ms,
         "sandbox": args.sandbox,
         "interrupt_grace_ms": args.interrupt_grace_ms,
         "memory_limit_bytes": args.memory_limit,
         "memory_hard_limit_bytes": args.memory_hard_limit,
-        "grants": args.grant or None,
+        "grants": args.grant,
     }
+    # Checked together (a grace longer than the deadline is refused here, not at the first cell).
+    chosen = resolve(
+        JupyterHostSettings,
+        [command_line_layer(args.settings)],
+        {k: v for k, v in flags.items() if v is not None},
+        given_label="flag",
+    )
+    settings = {name: value for name, value, source in chosen.rows() if source != "default"}
+    prefix = sys.prefix if args.sys_prefix else args.prefix
     where = install(
         user=args.user,
         prefix=prefix,
@@ -49,7 +58,13 @@ def _run(args: argparse.Namespace) -> int:
 def _doctor(args: argparse.Namespace) -> int:
     from ivralo_kernel.cli.doctor import doctor
 
-    return doctor(args.json)
+    return doctor(args.json, tuple(args.settings))
+
+
+def _config(args: argparse.Namespace) -> int:
+    from ivralo_kernel.cli.config import show_config
+
+    return show_config(args.settings, kernel_name=args.name, as_json=args.json)
 
 
 def _trust(args: argparse.Namespace) -> int:
@@ -67,6 +82,14 @@ def _trust(args: argparse.Namespace) -> int:
         for rel in approve(folder, os.environ):
             print(f"Approved {rel} as it is now (it had changed while a kernel of this folder ran)")
     return 0
+
+
+WITH_SETTINGS = ("install", "config", "doctor", "run")
+SETTINGS_EPILOG = (
+    "Any setting can also be given as --IvraloSettings.NAME=VALUE (every kernel), --IvraloProvisioner.NAME=VALUE "
+    "(kernels Jupyter's hosts start) or --IvraloAgent.NAME=VALUE (the agent API's); None means unset. "
+    "`ivralo-kernel config` lists them."
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -100,7 +123,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=_install)
 
+    p.epilog = SETTINGS_EPILOG
+
+    p = commands.add_parser(
+        "config", help="print every setting's effective value and where it came from", epilog=SETTINGS_EPILOG
+    )
+    p.add_argument("--name", default=names.KERNEL_NAME, help="the kernelspec to show (default: %(default)s)")
+    p.add_argument("--json", action="store_true", help="machine-readable report")
+    p.set_defaults(func=_config)
+
     p = commands.add_parser("doctor", help="start a kernel and report which protections are in force here")
+    p.epilog = SETTINGS_EPILOG
     p.add_argument("--json", action="store_true", help="machine-readable report")
     p.set_defaults(func=_doctor)
 
@@ -123,7 +156,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    # Settings (--IvraloSettings.NAME=VALUE) for the commands that start or describe kernels.
+    if extra and args.command not in WITH_SETTINGS:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    args.settings = tuple(extra)
     try:
         return int(args.func(args))
     except IvraloError as exc:

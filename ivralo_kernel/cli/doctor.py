@@ -12,7 +12,7 @@ import os
 import tempfile
 from typing import Any
 
-from ivralo_kernel.host import Session
+from ivralo_kernel.host import Session, WorkerConfig
 from ivralo_kernel.host.broker import BrokerResponder
 from ivralo_kernel.host.sandbox import availability, dotenv_kept_out
 from ivralo_kernel.protocol import database_env_names, names, scrub
@@ -171,9 +171,10 @@ def _broker_check(workspace: str) -> dict[str, str]:
     }
 
 
-async def _probe() -> dict[str, Any]:
+async def _probe(settings: tuple[str, ...]) -> dict[str, Any]:
+    config = WorkerConfig.from_command_line(settings)
     with tempfile.TemporaryDirectory(prefix="ivralo-doctor-") as workspace:
-        async with Session(workspace=workspace) as session:
+        async with Session(workspace=workspace, config=config) as session:
             result = await session.run("pass")
             info = dict(session.kernel_info.get(names.KERNEL_INFO_SECTION) or {})
     if not isinstance(result, str):
@@ -182,8 +183,8 @@ async def _probe() -> dict[str, Any]:
     return {"ok": all(c["status"] == "ok" for c in checks), "kernel": info, "checks": checks}
 
 
-def doctor(as_json: bool) -> int:
-    report = asyncio.run(_probe())
+def doctor(as_json: bool, settings: tuple[str, ...] = ()) -> int:
+    report = asyncio.run(_probe(settings))
     if as_json:
         print(json.dumps(report, indent=1))
         return 0 if report["ok"] else 1

@@ -8,6 +8,7 @@ directory) off ``sys.path`` while our own modules load; ``-B`` writes no bytecod
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 from ivralo_kernel.protocol import names
@@ -19,6 +20,33 @@ def kernel_argv(python: str | None = None) -> list[str]:
     return [python or sys.executable, "-P", "-B", "-m", SUPERVISOR_MODULE, "-f", "{connection_file}"]
 
 
+# A raw launch (VS Code runs argv itself) reads no provisioner config, only kernel.json's env: the
+# settings the kernel and its supervisor enforce by themselves travel there too.
+RAW_LAUNCH_ENV = {
+    "sandbox": names.ENV_SANDBOX_SETTING,
+    "role": names.ENV_ROLE,
+    "deadline_ms": names.ENV_DEADLINE_MS,
+    "interrupt_grace_ms": names.ENV_INTERRUPT_GRACE_MS,
+    "memory_limit_bytes": names.ENV_MEMORY_LIMIT,
+    "rlimit_nofile": names.ENV_RLIMIT_NOFILE,
+    "history_cap_bytes": names.ENV_HISTORY_CAP,
+    "history_cap_count": names.ENV_HISTORY_CAP_COUNT,
+    "landlock": names.ENV_LANDLOCK,
+    "landlock_network": names.ENV_LANDLOCK_NETWORK,
+}
+
+
+def raw_launch_env(settings: Mapping[str, Any]) -> dict[str, str]:
+    """The ``IVRALO_*`` variables that carry ``settings`` to a kernel launched without a host."""
+    env = {}
+    for name, var in RAW_LAUNCH_ENV.items():
+        value = settings.get(name)
+        if value is None:
+            continue
+        env[var] = ("on" if value else "off") if isinstance(value, bool) else str(value)
+    return env
+
+
 def kernel_spec_dict(
     python: str | None = None,
     display_name: str = names.DISPLAY_NAME,
@@ -26,10 +54,7 @@ def kernel_spec_dict(
     env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """The content of ``kernel.json``."""
-    env = dict(env or {})
-    sandbox = (provisioner_config or {}).get("sandbox")
-    if sandbox is not None:  # a raw launch (VS Code) reads no provisioner config, only env
-        env[names.ENV_SANDBOX_SETTING] = str(sandbox)
+    env = {**raw_launch_env(provisioner_config or {}), **(env or {})}
     return {
         "argv": kernel_argv(python),
         "display_name": display_name,

@@ -27,7 +27,7 @@ import psutil
 from ivralo_kernel.host.config import WorkerConfig
 from ivralo_kernel.host.observer import human_bytes
 from ivralo_kernel.host.worker import Worker, WorkerSettings
-from ivralo_kernel.protocol import IvraloError, names
+from ivralo_kernel.protocol import IvraloError
 
 log = logging.getLogger(__name__)
 
@@ -63,10 +63,13 @@ class WorkerPool:
         self,
         workspace: str | os.PathLike[str] = ".",
         config: WorkerConfig | None = None,
-        role: str = names.ROLE_SPECIALIST,
+        role: str | None = None,
         python: str | None = None,
     ) -> None:
-        self.settings = WorkerSettings(str(Path(workspace).resolve()), config or WorkerConfig(), role, python)
+        config = config or WorkerConfig()
+        if role is not None:  # validated like every setting: one role model
+            config = config.replace(role=role)
+        self.settings = WorkerSettings(str(Path(workspace).resolve()), config, config.role, python)
         self.config = self.settings.config
         self.spares: list[Worker] = []
         self.in_use: set[Worker] = set()

@@ -25,7 +25,7 @@ from typing import Any
 import psutil
 from jupyter_client.launcher import launch_kernel
 from jupyter_client.provisioning.local_provisioner import LocalProvisioner
-from traitlets import Bool, Int, List, Unicode, validate
+from traitlets.config import Config
 
 from ivralo_kernel.host.announce import answer_lost_execution
 from ivralo_kernel.host.broker import BrokerResponder
@@ -37,12 +37,12 @@ from ivralo_kernel.host.escalation import DeadlinePolicy
 from ivralo_kernel.host.kernel_output import relay_output
 from ivralo_kernel.host.kernelspec import SUPERVISOR_MODULE
 from ivralo_kernel.host.processes import find_in_tree, host_pid
-from ivralo_kernel.host.sandbox import TOOL_FILES_DEFAULT, availability, dotenv_for_kernel, prepare_workspace
+from ivralo_kernel.host.sandbox import availability, dotenv_for_kernel, prepare_workspace
 from ivralo_kernel.host.sandbox_launch import SandboxFolder, kernel_connection, sandboxed_command
+from ivralo_kernel.host.settings import IvraloSettings, config_file_layers
 from ivralo_kernel.host.watchdog import Loss, Watchdog, WatchdogSettings
 from ivralo_kernel.protocol import KernelPolicy, database_env_names, names, scrub
-from ivralo_kernel.protocol.credentials import CREDENTIAL_STORES, credential_store_paths
-from ivralo_kernel.protocol.names import SANDBOX_MODES
+from ivralo_kernel.protocol.credentials import credential_store_paths
 from ivralo_kernel.protocol.trust import is_trusted
 
 # How long the supervisor gets to end the tree after being asked, before we SIGKILL what we see.
@@ -50,102 +50,22 @@ SUPERVISOR_KILL_BUDGET_S = 3.0
 SIGNAL_KILL_NOW = signal.SIGUSR1  # the supervisor's "kill the tree now" (see supervisor.run)
 
 
-class IvraloProvisioner(LocalProvisioner):  # type: ignore[misc]
-    workspace = Unicode(
-        "",
-        config=True,
-        help="Folder the kernel runs in and may write to. Empty: the folder the host starts the "
-        "kernel in (for JupyterLab, the notebook's folder).",
-    )
-    role = Unicode(names.ROLE_SPECIALIST, config=True, help="specialist, or readonly (every write refused).")
-    memory_limit_bytes = Int(
-        0,
-        config=True,
-        help="RLIMIT_DATA of the kernel, in bytes: a larger allocation raises MemoryError in the "
-        "cell. 0: half of the machine's memory.",
-    )
-    rlimit_nofile = Int(0, config=True, help="RLIMIT_NOFILE of the kernel. 0: leave the inherited limit.")
-    landlock = Bool(
-        True,
-        config=True,
-        help="Apply the Landlock write floor (Linux >= 5.13): the OS refuses writes outside the workspace "
-        "from any process of the kernel's tree. Off only to diagnose.",
-    )
-    landlock_network = Bool(
-        False,
-        config=True,
-        help="Apply the Landlock TCP floor too (Linux >= 6.7, Landlock ABI 4): any process of the kernel's "
-        "tree (curl, pip, ctypes) may open TCP connections only to the ports of the hosts in hosts.allow "
-        "(80 and 443 for a host listed without a port; none when none is listed). Fixed when the kernel "
-        "starts: a host allowed later on another port needs a restart. Off by default: the floor knows "
-        "ports, not addresses, so it also refuses the kernel's own loopback links, whose ports are picked "
-        "at run time (a forked child's output, the debugger, a local cluster). Off when landlock is off.",
-    )
-    sandbox = Unicode(
-        "auto",
-        config=True,
-        help="The OS sandbox (bubblewrap) each kernel lives in. auto: used where it can be built, else the "
-        "kernel runs with the Python guards and Landlock only, and says so; required: a kernel that cannot "
-        "have it does not start; off: never (the Python guards and Landlock only, as in the fallback).",
-    )
-    tool_files = List(
-        Unicode(),
-        list(TOOL_FILES_DEFAULT),
-        config=True,
-        help="Files and folders in the workspace that other tools run or read by themselves (an editor's "
-        "tasks, direnv): read-only in the sandbox, like .git, .ivralo and databases.json.",
-    )
-    history_cap_bytes = Int(
-        256 << 20,
-        config=True,
-        help="The most bytes the workspace's history of overwritten files keeps (oldest pruned first).",
-    )
-    history_cap_count = Int(
-        1000,
-        config=True,
-        help="The most copies the workspace's history of overwritten files keeps (oldest pruned first).",
-    )
-    credential_stores = List(
-        Unicode(),
-        list(CREDENTIAL_STORES),
-        config=True,
-        help="The person's credential stores (relative to the home folder, or absolute): empty in the "
-        "sandbox, refused by the read guard without it. Code reaches services through the broker.",
-    )
-    deadline_ms = Int(
-        0,
-        config=True,
-        help="Per-execution deadline in ms, for every client (a browser tab as well as an agent). At "
-        "the deadline the cell is interrupted (if interrupt_before_kill); if it has not ended after "
-        "interrupt_grace_ms, the kernel's whole process tree is killed. 0: no deadline.",
-    )
-    interrupt_before_kill = Bool(True, config=True, help="Interrupt first, so the namespace can survive.")
-    interrupt_grace_ms = Int(2_000, config=True, help="How long an interrupted cell gets to end, in ms.")
-    memory_soft_limit_bytes = Int(0, config=True, help="Tree RSS that earns a warning, in bytes. 0: none.")
-    memory_hard_limit_bytes = Int(0, config=True, help="Tree RSS at which the tree is killed, in bytes. 0: none.")
-    observer_poll_ms = Int(500, config=True, help="How often the process tree is sampled, in ms.")
-    stall_window_ms = Int(5_000, config=True, help="CPU flat this long while busy: the verdict is 'stalled'.")
-    replace_killed_kernel = Bool(
-        True,
-        config=True,
-        help="After the watchdog kills a kernel (deadline, memory), answer the cell it was running with "
-        "the reason and start a fresh kernel on the same ports, so the host's restarter does not count "
-        "a death. Off for hosts that replace workers themselves (the agent Session).",
-    )
+class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,metaclass]
+    """Its settings are ``IvraloSettings``' (host/settings.py): Jupyter's config path
+    (``jupyter_ivralo_config``), then the host application's own config, then ``kernel.json``."""
 
-    grants = List(
-        Unicode(),
-        config=True,
-        help='Broker grants of kernels started here: "databases" for queries on databases.json, and an '
-        'operation group such as "photos" for API calls. Set in kernel.json (ivralo-kernel install --grant) '
-        "or Jupyter config, where code in the kernel cannot write.",
-    )
-    operations_file = Unicode(
-        "",
-        config=True,
-        help="An apis.json with more broker operations, besides the config home's (its URL templates decide "
-        "where credentials go: keep it where code in the kernel cannot write).",
-    )
+    def __init__(self, **kwargs: Any) -> None:
+        if "config" not in kwargs:
+            # jupyter_server and jupyter_client hand us their own config only: ours is read here.
+            config = Config()
+            for layer in config_file_layers():
+                config.merge(layer.config)
+            parent = kwargs.get("parent")
+            if parent is not None:
+                config.merge(parent.config)
+            kwargs["config"] = config
+        super().__init__(**kwargs)
+        self.check()
 
     policy_file: str | None = None
     broker_comm_id: str | None = None  # this kernel's broker comm (kept by a replacement kernel)
@@ -166,25 +86,13 @@ class IvraloProvisioner(LocalProvisioner):  # type: ignore[misc]
     _supervisor: int | None = None
     _host_pipe: tuple[int, int] | None = None  # the sandbox's supervisor sees EOF when this process is gone
 
-    @validate("sandbox")
-    def _valid_sandbox(self, proposal: Any) -> str:
-        value = str(proposal["value"])
-        if value not in SANDBOX_MODES:
-            raise ValueError(f"sandbox must be one of {', '.join(SANDBOX_MODES)}, got {value!r}")
-        return value
-
-    @validate("role")
-    def _valid_role(self, proposal: Any) -> str:
-        KernelPolicy(workspace="/", role=proposal["value"])  # raises ConfigError naming the fix
-        return str(proposal["value"])
-
     def policy_for(self, cwd: str) -> KernelPolicy:
         return KernelPolicy(
             workspace=os.path.realpath(self.workspace or cwd),
             role=self.role,
-            memory_limit_bytes=self.memory_limit_bytes or None,
-            rlimit_nofile=self.rlimit_nofile or None,
-            deadline_ms=self.deadline_ms or None,
+            memory_limit_bytes=self.memory_limit_bytes,
+            rlimit_nofile=self.rlimit_nofile,
+            deadline_ms=self.deadline_ms,
             interrupt_grace_ms=self.interrupt_grace_ms,
             host_enforces_deadline=True,  # the watchdog below; the kernel's own stays off
             trusted=is_trusted(self.workspace or cwd, os.environ),
@@ -197,12 +105,12 @@ class IvraloProvisioner(LocalProvisioner):  # type: ignore[misc]
 
     def watchdog_settings(self) -> WatchdogSettings:
         deadline = None
-        if self.deadline_ms:
+        if self.deadline_ms is not None:
             deadline = DeadlinePolicy(self.deadline_ms, self.interrupt_before_kill, self.interrupt_grace_ms)
         return WatchdogSettings(
             deadline=deadline,
-            memory_soft_limit_bytes=self.memory_soft_limit_bytes or None,
-            memory_hard_limit_bytes=self.memory_hard_limit_bytes or None,
+            memory_soft_limit_bytes=self.memory_soft_limit_bytes,
+            memory_hard_limit_bytes=self.memory_hard_limit_bytes,
             observer_poll_ms=self.observer_poll_ms,
             stall_window_ms=self.stall_window_ms,
         )

@@ -32,6 +32,7 @@ import time
 import uuid
 from typing import Any, NoReturn
 
+from ivralo_kernel.host.config_files import config_files
 from ivralo_kernel.host.config_watch import DOTENV, WorkspaceFiles, protected_in_sandbox
 from ivralo_kernel.host.kernelspec import SUPERVISOR_MODULE
 from ivralo_kernel.host.sandbox import TOOL_FILES_DEFAULT, availability, dotenv_for_kernel, prepare_workspace
@@ -110,6 +111,11 @@ def _connection_file_arg(args: list[str]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    if config_files():  # the person's settings files; kernel.json's env (already in ours) wins over them
+        from ivralo_kernel.host.settings import raw_launch_settings
+
+        for var, value in raw_launch_settings().items():
+            os.environ.setdefault(var, value)
     setting = os.environ.get(names.ENV_SANDBOX_SETTING, "auto")
     workspace = os.path.realpath(KernelPolicy.from_env(os.environ, os.getcwd()).workspace)
     if setting == "off":

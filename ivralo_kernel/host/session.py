@@ -28,7 +28,7 @@ from ivralo_kernel.host.outputs import CellOutput, error_result, lost_names_mess
 from ivralo_kernel.host.pool import HostMemoryError, WorkerPool, WorkerPoolExhaustedError
 from ivralo_kernel.host.watchdog import Watchdog
 from ivralo_kernel.host.worker import Worker
-from ivralo_kernel.protocol import KernelPolicy, WorkerBootstrapError, names
+from ivralo_kernel.protocol import ConfigError, WorkerBootstrapError, names
 
 RunResult = str | dict[str, str]
 T = TypeVar("T")
@@ -58,7 +58,7 @@ class Session:
         self,
         workspace: str | os.PathLike[str] = ".",
         config: WorkerConfig | None = None,
-        role: str = names.ROLE_SPECIALIST,
+        role: str | None = None,
         grants: tuple[str, ...] = (),
         ask: Callable[[str, tuple[str, ...]], Awaitable[str]] | None = None,
         approve: Callable[[str], Awaitable[bool]] | None = None,
@@ -68,7 +68,13 @@ class Session:
         python: str | None = None,
         pool: WorkerPool | None = None,
     ) -> None:
-        KernelPolicy(workspace=str(workspace), role=role)  # validates role now, not at first call
+        if pool is not None and (config is not None or role is not None or python is not None):
+            given = ", ".join(n for n, v in (("config", config), ("role", role), ("python", python)) if v is not None)
+            raise ConfigError(
+                given,
+                "a Session given a pool runs on the pool's workers, so these would be ignored",
+                "Give them to WorkerPool(...) instead",
+            )
         self._pool = pool or WorkerPool(workspace, config, role, python)
         self._owns_pool = pool is None
         self.workspace = self._pool.settings.workspace

@@ -30,26 +30,9 @@ class WorkerSettings:
     python: str | None = None
 
     def provisioner_config(self) -> dict[str, Any]:
-        c = self.config
-        settings: dict[str, Any] = {
-            "workspace": self.workspace,
-            "role": self.role,
-            "deadline_ms": c.deadline_ms,
-            "interrupt_before_kill": c.interrupt_before_kill,
-            "interrupt_grace_ms": c.interrupt_grace_ms,
-            "observer_poll_ms": c.observer_poll_ms,
-            "stall_window_ms": c.stall_window_ms,
-            "landlock_network": c.landlock_network,
-            "sandbox": c.sandbox,
-            "replace_killed_kernel": False,  # the session replaces its worker and names what was lost
-        }
-        optional = {
-            "memory_limit_bytes": c.memory_limit_bytes,
-            "rlimit_nofile": c.rlimit_nofile,
-            "memory_soft_limit_bytes": c.memory_soft_limit_bytes,
-            "memory_hard_limit_bytes": c.memory_hard_limit_bytes,
-        }
-        settings.update({k: v for k, v in optional.items() if v})
+        """Every kernel setting, so the provisioner applies this session's values and nothing else."""
+        settings = self.config.settings.kernel_settings()
+        settings.update(workspace=self.workspace, role=self.role)
         return settings
 
 

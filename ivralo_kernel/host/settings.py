@@ -1,0 +1,397 @@
+"""[host] The one settings model: every ivralo setting is a trait here, with its help, its default and
+its bounds, and ``None`` is the only way to say "unset".
+
+Three config sections, from the widest to the narrowest (traitlets applies them in that order):
+
+- ``IvraloSettings``: every kernel, whoever starts it;
+- ``IvraloProvisioner``: kernels that Jupyter's hosts start (JupyterLab, ``jupyter console``, nbclient,
+  VS Code through a kernel gateway), and, since an agent's kernel is started by the same provisioner,
+  agents too;
+- ``IvraloAgent``: kernels of the agent API (``Session``, ``WorkerPool``, ``ivralo-kernel run``), whose
+  defaults follow the worker reference (a 60 s deadline, a 4 GiB soft memory limit).
+
+Every host reads them from ``jupyter_ivralo_config.py`` / ``.json`` on Jupyter's config path, then from
+``--Section.trait=value`` on its command line, then from values given in Python or in ``kernel.json``.
+The workspace's own folder is never read: code in the kernel can write there.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from traitlets import Bool, Enum, Float, Int, List, Unicode
+from traitlets.config import Config, Configurable
+
+from ivralo_kernel.host.config_files import CONFIG_FILE, config_files
+from ivralo_kernel.host.kernelspec import raw_launch_env
+from ivralo_kernel.host.sandbox import TOOL_FILES_DEFAULT
+from ivralo_kernel.protocol import ConfigError, names
+from ivralo_kernel.protocol.credentials import CREDENTIAL_STORES
+
+GIB = 1 << 30
+MIB = 1 << 20
+
+
+class Count(Int):  # type: ignore[type-arg]
+    """A whole number with a lower bound; ``None`` (where allowed) means unset. Errors name the fix."""
+
+    def __init__(self, default: int | None, *, minimum: int = 1, unit: str = "", **kwargs: Any) -> None:
+        super().__init__(default, allow_none=default is None or kwargs.pop("allow_none", False), **kwargs)
+        self.minimum, self.unit = minimum, unit
+
+    def validate(self, obj: Any, value: Any) -> int | None:
+        unset = ", or None for none" if self.allow_none else ""
+        if value is None and self.allow_none:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(str(self.name), f"{value!r} is not a number", f"Give a whole number{unset}")
+        if value < self.minimum:
+            raise ConfigError(
+                str(self.name), f"{value!r} is below {self.minimum}", f"Use at least {self.minimum}{unset}"
+            )
+        return int(value)
+
+
+class Seconds(Float):  # type: ignore[type-arg]
+    def validate(self, obj: Any, value: Any) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(str(self.name), f"{value!r} is not a number", "Give a number of seconds")
+        if value <= 0:
+            raise ConfigError(str(self.name), f"{value!r} is not above 0", "Give a number of seconds above 0")
+        return float(value)
+
+
+class Flag(Bool):  # type: ignore[type-arg]
+    def validate(self, obj: Any, value: Any) -> bool:
+        if not isinstance(value, bool):
+            raise ConfigError(str(self.name), f"{value!r} is not True or False", "Pass a bool")
+        return value
+
+
+class Choice(Enum):  # type: ignore[type-arg]
+    def validate(self, obj: Any, value: Any) -> str:
+        choices = tuple(self.values or ())
+        if value not in choices:
+            raise ConfigError(str(self.name), f"{value!r} is not one of {', '.join(choices)}", "Pick one of them")
+        return str(value)
+
+
+class IvraloSettings(Configurable):  # type: ignore[misc]
+    """Settings of every ivralo kernel, whoever starts it."""
+
+    workspace = Unicode(
+        None,
+        allow_none=True,
+        config=True,
+        help="Folder the kernel runs in and may write to. None: the folder the host starts the kernel in "
+        "(for JupyterLab, the notebook's folder).",
+    )
+    role = Choice(
+        names.ROLES,
+        default_value=names.ROLE_SPECIALIST,
+        config=True,
+        help="specialist, or readonly (every write refused).",
+    )
+    deadline_ms = Count(
+        None,
+        config=True,
+        help="Per-execution deadline in ms, for every client (a browser tab as well as an agent). At the "
+        "deadline the cell is interrupted (if interrupt_before_kill); if it has not ended after "
+        "interrupt_grace_ms, the kernel's whole process tree is killed. None: no deadline.",
+    )
+    interrupt_before_kill = Flag(
+        True, config=True, help="Interrupt first at the deadline, so the namespace can survive."
+    )
+    interrupt_grace_ms = Count(2_000, config=True, help="How long an interrupted cell gets to end, in ms.")
+    memory_limit_bytes = Count(
+        None,
+        config=True,
+        help="RLIMIT_DATA of the kernel, in bytes: a larger allocation raises MemoryError in the cell. "
+        "None: half of the machine's memory.",
+    )
+    memory_soft_limit_bytes = Count(
+        None, config=True, help="Tree RSS that earns a warning on the next result, in bytes. None: none."
+    )
+    memory_hard_limit_bytes = Count(
+        None, config=True, help="Tree RSS at which the tree is killed, in bytes. None: none."
+    )
+    rlimit_nofile = Count(None, config=True, help="RLIMIT_NOFILE of the kernel. None: leave the inherited limit.")
+    landlock = Flag(
+        True,
+        config=True,
+        help="Apply the Landlock write floor (Linux >= 5.13): the OS refuses writes outside the workspace "
+        "from any process of the kernel's tree. Off only to diagnose.",
+    )
+    landlock_network = Flag(
+        False,
+        config=True,
+        help="Apply the Landlock TCP floor too (Linux >= 6.7, Landlock ABI 4): any process of the kernel's "
+        "tree (curl, pip, ctypes) may open TCP connections only to the ports of the hosts in hosts.allow "
+        "(80 and 443 for a host listed without a port; none when none is listed). Fixed when the kernel "
+        "starts: a host allowed later on another port needs a restart. Off by default: the floor knows "
+        "ports, not addresses, so it also refuses the kernel's own loopback links, whose ports are picked "
+        "at run time (a forked child's output, the debugger, a local cluster). Off when landlock is off.",
+    )
+    sandbox = Choice(
+        names.SANDBOX_MODES,
+        default_value="auto",
+        config=True,
+        help="The OS sandbox (bubblewrap) each kernel lives in. auto: used where it can be built, else the "
+        "kernel runs with the Python guards and Landlock only, and says so; required: a kernel that cannot "
+        "have it does not start; off: never (the Python guards and Landlock only, as in the fallback).",
+    )
+    tool_files = List(
+        Unicode(),
+        list(TOOL_FILES_DEFAULT),
+        config=True,
+        help="Files and folders in the workspace that other tools run or read by themselves (an editor's "
+        "tasks, direnv): read-only in the sandbox, like .git, .ivralo and databases.json.",
+    )
+    history_cap_bytes = Count(
+        256 * MIB,
+        config=True,
+        help="The most bytes the workspace's history of overwritten files keeps (oldest pruned first).",
+    )
+    history_cap_count = Count(
+        1000,
+        config=True,
+        help="The most copies the workspace's history of overwritten files keeps (oldest pruned first).",
+    )
+    credential_stores = List(
+        Unicode(),
+        list(CREDENTIAL_STORES),
+        config=True,
+        help="The person's credential stores (relative to the home folder, or absolute): empty in the "
+        "sandbox, refused by the read guard without it. Code reaches services through the broker.",
+    )
+    observer_poll_ms = Count(500, config=True, help="How often the kernel's process tree is sampled, in ms.")
+    stall_window_ms = Count(5_000, config=True, help="CPU flat this long while busy: the verdict is 'stalled'.")
+    replace_killed_kernel = Flag(
+        True,
+        config=True,
+        help="After the watchdog kills a kernel (deadline, memory), answer the cell it was running with the "
+        "reason and start a fresh kernel on the same ports, so the host's restarter does not count a "
+        "death. Off for hosts that replace workers themselves (the agent API).",
+    )
+    grants = List(
+        Unicode(),
+        config=True,
+        help='Broker grants of kernels started here: "databases" for queries on databases.json, and an '
+        'operation group such as "photos" for API calls. An agent Session names its own grants instead.',
+    )
+    operations_file = Unicode(
+        None,
+        allow_none=True,
+        config=True,
+        help="An apis.json with more broker operations, besides the config home's (its URL templates decide "
+        "where credentials go: keep it where code in the kernel cannot write). None: only the config home's.",
+    )
+
+    def check(self) -> None:
+        """The rules between settings, once all of them are known."""
+        deadline, grace = self.deadline_ms, self.interrupt_grace_ms
+        if deadline is not None and self.interrupt_before_kill and grace >= deadline:
+            raise ConfigError(
+                "interrupt_grace_ms",
+                f"{grace} is not below deadline_ms={deadline}",
+                "Make the grace after an interrupt shorter than the deadline itself",
+            )
+        soft, hard = self.memory_soft_limit_bytes, self.memory_hard_limit_bytes
+        if soft is not None and hard is not None and soft > hard:
+            raise ConfigError(
+                "memory_soft_limit_bytes",
+                f"{soft} is above memory_hard_limit_bytes={hard}",
+                "The soft limit warns before the hard limit kills: make it the smaller one",
+            )
+
+    def kernel_settings(self) -> dict[str, Any]:
+        """Every setting of the kernel itself (what a provisioner is configured with), by name."""
+        return {name: _plain(getattr(self, name)) for name in sorted(kernel_setting_names())}
+
+
+class IvraloAgent(IvraloSettings):
+    """Settings of the agent API's kernels and of the pool that keeps them (``WorkerConfig``'s model)."""
+
+    # The worker reference's defaults: an agent's call always ends, and a big frame earns a hint.
+    deadline_ms = Count(60_000, allow_none=True, config=True, help=IvraloSettings.deadline_ms.help)
+    memory_soft_limit_bytes = Count(
+        4 * GIB, allow_none=True, config=True, help=IvraloSettings.memory_soft_limit_bytes.help
+    )
+    replace_killed_kernel = Flag(False, config=True, help=IvraloSettings.replace_killed_kernel.help)
+
+    bootstrap_timeout_ms = Count(
+        60_000, config=True, help="How long a new worker gets to answer its first kernel_info, in ms."
+    )
+    namespace_timeout_ms = Count(
+        10_000, config=True, help="How long a namespace request (get_var, ...) may take, in ms."
+    )
+    host_memory_reserve_bytes = Count(
+        512 * MIB,
+        minimum=0,
+        config=True,
+        help="Memory the host keeps free: no new worker starts, and spares are evicted, below it.",
+    )
+    max_workers = Count(8, config=True, help="The most workers the pool runs at once.")
+    prewarm_pool_size = Count(0, minimum=0, config=True, help="Spare workers kept started and ready.")
+    idle_ttl_seconds = Seconds(1800.0, config=True, help="A worker unused this long is ended, in seconds.")
+
+    @classmethod
+    def section_names(cls) -> list[str]:
+        # An agent's kernel is started by the provisioner: its section applies, below IvraloAgent's.
+        wide: list[str] = super().section_names()
+        return [*wide[:-1], PROVISIONER_SECTION, wide[-1]]
+
+    def check(self) -> None:
+        super().check()
+        if self.prewarm_pool_size > self.max_workers:
+            raise ConfigError(
+                "prewarm_pool_size",
+                f"{self.prewarm_pool_size} is above max_workers={self.max_workers}",
+                "Prewarm at most max_workers spares",
+            )
+
+
+PROVISIONER_SECTION = "IvraloProvisioner"
+
+
+class JupyterHostSettings(IvraloSettings):
+    """What a kernel started by Jupyter's hosts gets, outside a provisioner: ``ivralo-kernel config``'s
+    view of the provisioner, and a raw launch's (VS Code's) settings."""
+
+    @classmethod
+    def section_names(cls) -> list[str]:
+        return [*super().section_names()[:-1], PROVISIONER_SECTION]
+
+
+def kernel_setting_names() -> set[str]:
+    return set(IvraloSettings.class_trait_names(config=True))
+
+
+def _plain(value: Any) -> Any:
+    return list(value) if isinstance(value, (list, tuple)) else value
+
+
+# ---- where settings come from -------------------------------------------------------------------
+
+
+@dataclass
+class Layer:
+    """One source of settings: a config file, the command line, kernel.json, or Python."""
+
+    label: str
+    config: Config = field(default_factory=Config)
+
+
+def config_file_layers(paths: Sequence[str] | None = None) -> list[Layer]:
+    """The person's settings files (``config_files``), the weakest first; a file that does not load
+    is an error that says which file and why."""
+    from traitlets.config.loader import JSONFileConfigLoader, PyFileConfigLoader
+
+    layers = []
+    for path in config_files(paths):
+        folder, name = os.path.split(path)
+        loader_class = PyFileConfigLoader if name.endswith(".py") else JSONFileConfigLoader
+        try:
+            config = loader_class(name, path=folder).load_config()
+        except Exception as exc:  # noqa: BLE001 - any error in a person's config file: say which file
+            raise ConfigError(
+                path, f"this config file does not load ({type(exc).__name__}: {exc})", "Fix it or move it away"
+            ) from None
+        layers.append(Layer(path, config))
+    return layers
+
+
+def command_line_layer(argv: Iterable[str]) -> Layer:
+    """``--IvraloSettings.deadline_ms=5000`` style arguments (anything else is refused)."""
+    from traitlets.config.loader import KVArgParseConfigLoader
+
+    args = list(argv)
+    for arg in args:
+        if not arg.startswith("--") or "." not in arg.split("=", 1)[0]:
+            raise ConfigError(arg, "is not a setting", "Write settings as --IvraloSettings.NAME=VALUE")
+    config = KVArgParseConfigLoader(argv=args).load_config() if args else Config()
+    for section in config:
+        if section not in SECTIONS:
+            raise ConfigError(f"--{section}", "is not an ivralo settings section", f"Use one of: {', '.join(SECTIONS)}")
+    return Layer("command line", config)
+
+
+SECTIONS = ("IvraloSettings", PROVISIONER_SECTION, "IvraloAgent")
+
+
+def section_of(values: Mapping[str, Any], section: str) -> Config:
+    config = Config()
+    config[section] = Config(dict(values))
+    return config
+
+
+@dataclass
+class Effective:
+    """Settings of one kind of host, and where each came from."""
+
+    settings: IvraloSettings
+    sources: dict[str, str]
+
+    def rows(self) -> list[tuple[str, Any, str]]:
+        return [(name, _plain(getattr(self.settings, name)), self.sources[name]) for name in sorted(self.sources)]
+
+
+def resolve(
+    cls: type[IvraloSettings],
+    layers: Sequence[Layer],
+    given: Mapping[str, Any] | None = None,
+    given_label: str = "given in Python",
+) -> Effective:
+    """Build ``cls`` from the layers (weakest first), then ``given``; check it; say where each value came from."""
+    merged = Config()
+    sections = cls.section_names()
+    sources = {name: "default" for name in cls.class_trait_names(config=True)}
+    for layer in layers:
+        merged.merge(layer.config)
+    # traitlets applies the merged sections widest first, so a narrower section beats a stronger layer.
+    for section in sections:
+        for layer in layers:
+            if section in layer.config:
+                for name in layer.config[section]:
+                    if name in sources:
+                        sources[name] = f"{layer.label} ({section})"
+    for name in given or {}:
+        if name not in sources:
+            raise ConfigError(name, f"is not a setting of {cls.__name__}", f"Use one of: {', '.join(sorted(sources))}")
+        sources[name] = given_label
+    settings = cls(config=merged, **dict(given or {}))
+    settings.check()
+    return Effective(settings, sources)
+
+
+def raw_launch_settings() -> dict[str, str]:
+    """The ``IVRALO_*`` variables for what the person's settings files set (none without files)."""
+    layers = config_file_layers()
+    if not layers:
+        return {}
+    effective = resolve(JupyterHostSettings, layers)
+    values = effective.settings.kernel_settings()
+    return raw_launch_env({k: v for k, v in values.items() if effective.sources[k] != "default"})
+
+
+def load(
+    cls: type[IvraloSettings] = IvraloAgent, given: Mapping[str, Any] | None = None, argv: Iterable[str] = ()
+) -> Effective:
+    """What every host does: config files, then its command line, then what its caller gave."""
+    return resolve(cls, [*config_file_layers(), command_line_layer(argv)], given)
+
+
+__all__ = [
+    "CONFIG_FILE",
+    "Effective",
+    "IvraloAgent",
+    "IvraloSettings",
+    "Layer",
+    "command_line_layer",
+    "config_file_layers",
+    "load",
+    "resolve",
+]
