@@ -144,3 +144,21 @@ def test_policy_from_kernelspec_env() -> None:
 def test_worker_config_names_the_field_and_the_fix(kwargs: dict[str, object], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         WorkerConfig(**kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.fast
+def test_the_worker_log_is_json_lines_read_back_by_field(tmp_path: Path) -> None:
+    from ivralo_kernel.protocol import worker_log
+
+    log = tmp_path / ".ivralo" / "python-worker.log"
+    log.parent.mkdir()
+    log.write_text("2026-01-01 00:00:00 ivralo kernel failed to start: an entry of the old format\n")
+    entry = worker_log.start_failure(
+        "ivralo kernel failed to start: it exited with status 1 before it was ready.",
+        ["interpreter", "guards installed"],
+        "a\n\nTraceback: boom\n",
+    )
+    worker_log.append(log, entry)
+    assert worker_log.entries(log) == [entry]  # the old line is skipped, not misread
+    assert worker_log.last_start_failure(log, since=entry["at"]) == ("guards installed", "a | Traceback: boom")
+    assert worker_log.last_start_failure(log, since=entry["at"] + 1)[0] == "unknown (no log entry for this start)"

@@ -11,6 +11,7 @@ import pytest
 from conftest import gone, wait_until
 
 from ivralo_kernel.host import Session, WorkerConfig
+from ivralo_kernel.protocol import worker_log
 
 
 def slow_startup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
@@ -43,8 +44,8 @@ async def test_bootstrap_timeout_kills_and_explains(
     # The kernel's own stderr is quoted (over TCP ipykernel warns there; over ipc it has nothing to
     # say); what the startup file printed is user output, which goes to IOPub, not here.
     assert "; stderr tail: " in error and "loading the team startup file" not in error, error
-    log = (workspace / ".ivralo" / "python-worker.log").read_text()
-    assert "it was stopped by the host before it was ready" in log
+    entry = worker_log.entries(workspace / ".ivralo" / "python-worker.log")[-1]
+    assert entry["message"] == "ivralo kernel failed to start: it was stopped by the host before it was ready."
     assert str(workspace / ".ivralo" / "python-worker.log") in error
     assert "raise WorkerConfig.bootstrap_timeout_ms" in error
     pid = int(error.removeprefix("ivralo worker pid=").split()[0])

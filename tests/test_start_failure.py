@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ivralo_kernel.host import Session, WorkerConfig
+from ivralo_kernel.protocol import worker_log
 
 
 async def test_failed_start_is_logged_with_its_stage(workspace: Path) -> None:
@@ -15,10 +16,10 @@ async def test_failed_start_is_logged_with_its_stage(workspace: Path) -> None:
     log = workspace / ".ivralo" / "python-worker.log"
     assert isinstance(result, dict) and result["status"] == "error"
     assert str(log) in result["error"], result["error"]
-    text = log.read_text()
-    assert "last stage reached: guards installed" in text
-    assert "Too many open files" in text
-    assert "ivralo kernel failed to start: it was killed by signal SIGABRT" in text  # libzmq aborts
+    entry = worker_log.entries(log)[-1]  # one JSON object per line
+    assert entry["last_stage"] == "guards installed"
+    assert any("Too many open files" in line for line in entry["stderr_tail"])
+    assert entry["message"].startswith("ivralo kernel failed to start: it was killed by signal SIGABRT")  # libzmq
 
 
 async def test_session_after_a_failed_start_can_start_again(workspace: Path) -> None:

@@ -18,8 +18,8 @@ from ivralo_kernel.host.config import WorkerConfig
 from ivralo_kernel.host.manager import IvraloKernelManager
 from ivralo_kernel.host.processes import tree_of
 from ivralo_kernel.host.watchdog import Watchdog
-from ivralo_kernel.host.worker_log import last_start_failure
 from ivralo_kernel.protocol import WorkerBootstrapError, names
+from ivralo_kernel.protocol.worker_log import last_start_failure
 
 
 @dataclass(frozen=True)

@@ -8,12 +8,11 @@ deadline backstop. The pipe stays open for the kernel's life; with no supervisor
 from __future__ import annotations
 
 import os
-import time
 import traceback
 from collections.abc import MutableMapping
 from pathlib import Path
 
-from ivralo_kernel.protocol import names
+from ivralo_kernel.protocol import names, worker_log
 
 
 class SupervisorPipe:
@@ -57,12 +56,7 @@ class SupervisorPipe:
 def write_failure(workspace: str, reached: list[str], error: BaseException) -> Path:
     """Append the traceback of a failed start to ``<workspace>/.ivralo/python-worker.log``."""
     path = Path(workspace) / names.WORKER_LOG
+    message = f"ivralo kernel failed to start: {type(error).__name__}: {error}"
     text = "".join(traceback.format_exception(error))
-    entry = (
-        f"{time.strftime('%Y-%m-%d %H:%M:%S')} ivralo kernel failed to start (pid {os.getpid()})\n"
-        f"  last stage reached: {reached[-1] if reached else 'none'}\n{text}"
-    )
-    path.parent.mkdir(exist_ok=True)
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(entry)
+    worker_log.append(path, worker_log.start_failure(message, reached, text))
     return path

@@ -30,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from ivralo_kernel.protocol import KernelPolicy, database_env_names, names, scrub
+from ivralo_kernel.protocol import KernelPolicy, database_env_names, names, scrub, worker_log
 from ivralo_kernel.supervisor import linux, tree
 from ivralo_kernel.supervisor.backstop import Backstop
 from ivralo_kernel.supervisor.relay import start_relay
@@ -123,19 +123,10 @@ def _describe(status: int) -> str:
 
 def _write_worker_log(workspace: str, stages: list[str], how: str, stderr_tail: bytes) -> None:
     """Record why a kernel did not come up, where a person (and the host's error) will look."""
-    reached = stages[-1] if stages else "none (the interpreter did not start)"
-    lines = [
-        f"{time.strftime('%Y-%m-%d %H:%M:%S')} ivralo kernel failed to start: it {how} before it was ready.",
-        f"  last stage reached: {reached}",
-        f"  stages: {', '.join(stages) or '-'}",
-        "  stderr tail:",
-        *("    " + line for line in stderr_tail.decode(errors="replace").splitlines()[-40:]),
-    ]
+    message = f"ivralo kernel failed to start: it {how} before it was ready."
     path = Path(workspace) / names.WORKER_LOG
     try:
-        path.parent.mkdir(exist_ok=True)
-        with open(path, "a", encoding="utf-8") as f:
-            f.write("\n".join(lines) + "\n")
+        worker_log.append(path, worker_log.start_failure(message, stages, stderr_tail.decode(errors="replace")))
     except OSError as exc:
         print(f"ivralo supervisor: cannot write {path}: {exc.strerror}", file=sys.stderr)
     print(f"ivralo supervisor: the kernel {how} before it was ready; see {path}", file=sys.stderr)
