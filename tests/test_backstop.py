@@ -3,33 +3,42 @@ its pipe can postpone or cancel a kill time; only the host's own pipe can."""
 
 from __future__ import annotations
 
+from ivralo_kernel.protocol import pipe
 from ivralo_kernel.supervisor.backstop import Backstop
+
+
+def kill_at(value: str) -> pipe.KillAt:
+    """A kill-at line as it crosses the pipe (encoded, then decoded by the supervisor)."""
+    line = pipe.decode(f"kill-at:{value}")
+    assert isinstance(line, pipe.KillAt)
+    assert pipe.decode(pipe.encode(line).decode().rstrip("\n")) == line
+    return line
 
 
 def test_under_a_host_the_kernel_may_only_arm_or_bring_closer() -> None:
     b = Backstop(kernel_may_disarm=False)
-    b.apply("exec-1:100.0", from_host=False)  # the kernel, from the cell's first line
+    b.apply(kill_at("exec-1:100.0"), from_host=False)  # the kernel, from the cell's first line
     assert b.kill_at == 100.0
-    b.apply("exec-1:off", from_host=False)  # forged by code in the kernel
-    b.apply("exec-1:1e12", from_host=False)
+    b.apply(kill_at("exec-1:off"), from_host=False)  # forged by code in the kernel
+    b.apply(kill_at("exec-1:1e12"), from_host=False)
     assert b.kill_at == 100.0
-    b.apply("exec-1:90.0", from_host=False)
+    b.apply(kill_at("exec-1:90.0"), from_host=False)
     assert b.kill_at == 90.0
-    b.apply("exec-1:102.0", from_host=True)  # the host's own time for it replaces the kernel's
+    b.apply(kill_at("exec-1:102.0"), from_host=True)  # the host's own time for it replaces the kernel's
     assert b.kill_at == 102.0
-    b.apply("exec-1:off", from_host=True)  # the host saw it end and the tree settle
+    b.apply(kill_at("exec-1:off"), from_host=True)  # the host saw it end and the tree settle
     assert b.kill_at is None
 
 
 def test_without_a_host_the_in_kernel_watchdog_is_the_authority() -> None:
     b = Backstop(kernel_may_disarm=True)
-    b.apply("exec-1:100.0", from_host=False)
-    b.apply("exec-1:off", from_host=False)
+    b.apply(kill_at("exec-1:100.0"), from_host=False)
+    b.apply(kill_at("exec-1:off"), from_host=False)
     assert b.kill_at is None
 
 
-def test_garbage_arms_nothing() -> None:
-    b = Backstop(kernel_may_disarm=False)
-    for value in ("exec-1:nan", "exec-1:inf", "exec-1:soon", ""):
-        b.apply(value, from_host=False)
-    assert b.kill_at is None
+def test_garbage_is_no_line_at_all() -> None:
+    for text in ("kill-at:exec-1:nan", "kill-at:exec-1:inf", "kill-at:exec-1:soon", "kill-at:", "kill-nowish", ""):
+        assert pipe.decode(text) is None, text
+    assert pipe.decode("stage:guards installed") == pipe.Stage("guards installed")
+    assert pipe.decode("kill-now") == pipe.KillNow()

@@ -55,7 +55,8 @@ def fetch(port: int) -> str:
 @pytest.fixture
 def deadline_kernel(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     prefix = tmp_path / "prefix"
-    install(prefix=str(prefix), name="ivralo-person", provisioner_config={"deadline_ms": DEADLINE_MS})
+    limits = {"deadline_ms": DEADLINE_MS, "interrupt_grace_ms": 500}  # the grace is shorter than the deadline
+    install(prefix=str(prefix), name="ivralo-person", provisioner_config=limits)
     monkeypatch.setenv("JUPYTER_PATH", f"{prefix}/share/jupyter{os.pathsep}{os.environ['JUPYTER_PATH']}")
     return "ivralo-person"
 

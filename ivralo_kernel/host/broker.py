@@ -25,8 +25,9 @@ from ivralo_kernel.host.egress import Asker, EgressDesk, valid_target
 from ivralo_kernel.host.operations import OperationError, load_operations, perform
 from ivralo_kernel.host.vault import CredentialVault
 from ivralo_kernel.protocol import names
+from ivralo_kernel.protocol.messages import BrokerAnswer, CallRecord
 
-Reply = Callable[[dict[str, Any]], None]
+Reply = Callable[[BrokerAnswer], None]
 Pause = Callable[[bool], None]
 REQUESTS_PER_EXECUTION = 200
 CALLS_PER_EXECUTION = 100  # brokered calls (API + SQL) one execution may make
@@ -152,23 +153,23 @@ class BrokerResponder:
             self._pool = ThreadPoolExecutor(CALL_THREADS, thread_name_prefix="ivralo-broker")
         self._pool.submit(self._run, job, what, credential, reply)
 
-    def _run(self, job: Callable[[], dict[str, Any]], what: str, credential: str, reply: Reply) -> None:
+    def _run(self, job: Callable[[], BrokerAnswer], what: str, credential: str, reply: Reply) -> None:
         started = time.monotonic()
         try:
             answer = job()
         except (OperationError, QueryRefused) as exc:  # the call was made and failed (a cap, a SQL error)
-            answer = {"ok": False, "error": self.vault.redact(str(exc))}
+            answer = BrokerAnswer(ok=False, error=self.vault.redact(str(exc)))
         except Exception as exc:  # noqa: BLE001 - the code gets a sentence; the log gets the type
             text = self.vault.redact(f"{type(exc).__name__}: {exc}")
             log.warning("ivralo broker: a call failed: %s", text)
-            answer = {"ok": False, "error": f"the host's call failed: {text}"}
+            answer = BrokerAnswer(ok=False, error=f"the host's call failed: {text}")
         seconds = time.monotonic() - started
         if self.vault.get(credential):  # the credential was used, whatever the outcome: on the record
             log.info("ivralo broker: %s with %s: %s in %.3fs", what, credential, _outcome(answer), seconds)
-            answer["record"] = {"what": what, "credential": credential, "seconds": seconds}
+            answer["record"] = CallRecord(what=what, credential=credential, seconds=seconds)
         reply(answer)
 
-    def _check_api(self, payload: Any) -> tuple[Callable[[], dict[str, Any]], str, str]:
+    def _check_api(self, payload: Any) -> tuple[Callable[[], BrokerAnswer], str, str]:
         if not isinstance(payload, dict) or not isinstance(payload.get("operation"), str):
             raise OperationError("malformed call: give the operation's name and its parameters")
         name = payload["operation"][:100]
@@ -180,7 +181,7 @@ class BrokerResponder:
             raise OperationError(f'refused: this specialist has no "{op.grant_name}" grant (needed by {name})')
         params = op.check(payload.get("params", {}))
 
-        def job() -> dict[str, Any]:
+        def job() -> BrokerAnswer:
             credential = self.vault.get(op.credential)
             if not credential:
                 raise OperationError(
@@ -193,11 +194,11 @@ class BrokerResponder:
             request.extensions["timeout"] = httpx.Timeout(op.timeout_s).as_dict()
             api = perform(self._http, op, request)
             result = {"status": api.status, "body": self.vault.redact_json(api.body), "type": api.content_type}
-            return {"ok": True, "result": result}
+            return BrokerAnswer(ok=True, result=result)
 
         return job, name, op.credential
 
-    def _check_sql(self, payload: Any) -> tuple[Callable[[], dict[str, Any]], str, str]:
+    def _check_sql(self, payload: Any) -> tuple[Callable[[], BrokerAnswer], str, str]:
         if not isinstance(payload, dict) or not isinstance(payload.get("database"), str):
             raise QueryRefused("malformed query: give the database's name and the SQL text")
         name, sql, params = payload["database"][:100], payload.get("query"), payload.get("params") or {}
@@ -214,19 +215,19 @@ class BrokerResponder:
         if not all(v is None or isinstance(v, bool | int | float | str) for v in params.values()):
             raise QueryRefused("params values must be None, bool, int, float or str")
 
-        def job() -> dict[str, Any]:
+        def job() -> BrokerAnswer:
             answer = self.databases.query(name, sql, params)
             result = {"columns": answer.columns, "rows": answer.rows, "cut": answer.cut, "rowcount": answer.rowcount}
-            return {"ok": True, "result": self.vault.redact_json(result)}
+            return BrokerAnswer(ok=True, result=self.vault.redact_json(result))
 
         return job, f"{name} database", entry.url_env
 
 
-def _refusal(reason: str) -> dict[str, Any]:
+def _refusal(reason: str) -> BrokerAnswer:
     return {"ok": False, "refused": True, "allowed": False, "reason": reason, "error": reason}
 
 
-def _outcome(answer: dict[str, Any]) -> str:
+def _outcome(answer: BrokerAnswer) -> str:
     if not answer.get("ok"):
         return "failed"
     result = answer.get("result") or {}

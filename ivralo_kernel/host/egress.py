@@ -26,14 +26,15 @@ from typing import Any
 from ivralo_kernel.host.config_watch import PERMISSIONS, WorkspaceFiles
 from ivralo_kernel.protocol import names
 from ivralo_kernel.protocol.egress import PERMISSIONS_FILE, EgressPolicy, load_egress_policy
+from ivralo_kernel.protocol.messages import BrokerAnswer, EgressPrompt
 
 __all__ = ["Asker", "EgressDesk", "EgressPolicy", "allow_always", "load_egress_policy"]
 
 # ask(question, choices) -> one of the choices; may block (it runs on its own thread).
 Asker = Callable[[str, tuple[str, ...]], str]
-Reply = Callable[[dict[str, Any]], None]
+Reply = Callable[[BrokerAnswer], None]
 Pause = Callable[[bool], None]
-Prompt = Callable[[dict[str, Any]], None]  # shows a question at the running cell's input prompt
+Prompt = Callable[[EgressPrompt], None]  # shows a question at the running cell's input prompt
 Decision = tuple[bool, str]
 PERSON_ANSWER_TIMEOUT_S = 600.0  # as the kernel's own wait (egress_judge.EGRESS_ANSWER_TIMEOUT_S)
 NOBODY_TO_ASK = "nobody to ask"  # as the guard says it: no agent callback, no input prompt to show it at
@@ -114,7 +115,7 @@ class EgressDesk:
         self._asked_person.discard((execution, host))
         pause(False)
         if payload.get("unavailable") is True:  # the cell could not show the question
-            answer = {"allowed": False, "reason": NOBODY_TO_ASK}
+            answer = BrokerAnswer(allowed=False, reason=NOBODY_TO_ASK)
         else:
             answer = self._record(host, choice if choice in self.choices else "no")
         with self._lock:
@@ -158,7 +159,7 @@ class EgressDesk:
         question: Future[Decision],
     ) -> None:
         if self.asker is not None:
-            box: list[dict[str, Any]] = []
+            box: list[BrokerAnswer] = []
             self._ask_agent(self.asker, host, box.append, pause)
             question.set_result((bool(box[0]["allowed"]), str(box[0]["reason"])))
         elif execution is None or prompt is None:
@@ -167,7 +168,7 @@ class EgressDesk:
             self._asked_person.add((execution, host))
             pause(True)  # resumed when the answer comes
             text = f"Code in this cell wants to reach {host} (port {port})"
-            prompt({"host": host, "port": port, "question": text, "choices": list(self.choices)})
+            prompt(EgressPrompt(host=host, port=port, question=text, choices=list(self.choices)))
 
     def _ask_agent(self, asker: Asker, host: str, reply: Reply, pause: Pause) -> None:
         pause(True)  # the time the person takes does not count against the deadline
@@ -180,7 +181,7 @@ class EgressDesk:
             pause(False)
         reply(self._record(host, choice))
 
-    def _record(self, host: str, choice: str) -> dict[str, Any]:
+    def _record(self, host: str, choice: str) -> BrokerAnswer:
         if choice == "always" and self.trusted:
             allow_always(self.workspace, host)
             if self.files is not None:

@@ -14,11 +14,13 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from ivralo_kernel.protocol.messages import EgressNote
+
 # How long the proxy waits for the kernel to note a decision (a kernel whose native code holds the
 # GIL cannot answer; the connection goes on anyway after this).
 NOTE_WAIT_S = 2.0
 
-Send = Callable[[dict[str, Any], Callable[[dict[str, Any]], None]], None]
+Send = Callable[[EgressNote, Callable[[dict[str, Any]], None]], None]
 Wait = Callable[[], None]
 
 
@@ -40,7 +42,7 @@ class EgressNotes:
             if noted is None:
                 noted = self._sent[key] = threading.Event()
         if first:
-            note = {"host": host, "port": port, "allowed": allowed, "reason": reason}
+            note = EgressNote(host=host, port=port, allowed=allowed, reason=reason)
             self._send(note, lambda _reply: noted.set())
         return lambda: _wait(noted)
 

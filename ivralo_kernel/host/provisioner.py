@@ -43,6 +43,9 @@ from ivralo_kernel.host.settings import IvraloSettings, config_file_layers
 from ivralo_kernel.host.watchdog import Loss, Watchdog, WatchdogSettings
 from ivralo_kernel.protocol import KernelPolicy, database_env_names, names, scrub
 from ivralo_kernel.protocol.credentials import credential_store_paths
+from ivralo_kernel.protocol.messages import EgressPrompt
+from ivralo_kernel.protocol.pipe import KillAt
+from ivralo_kernel.protocol.pipe import encode as encode_line
 from ivralo_kernel.protocol.trust import is_trusted
 
 # How long the supervisor gets to end the tree after being asked, before we SIGKILL what we see.
@@ -237,7 +240,7 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
             # itself knows which execution is running.
             execution = _ask_running_execution(watchdog)
 
-        def prompt(content: dict[str, Any]) -> None:
+        def prompt(content: EgressPrompt) -> None:
             if watchdog is not None:
                 watchdog.send_control(names.MSG_EGRESS_PROMPT, content)
 
@@ -321,9 +324,8 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
         pipe = self._host_pipe
         if pipe is None:
             return
-        when = "off" if kill_at is None else repr(kill_at)
         with contextlib.suppress(OSError):  # full (a wedged supervisor) or closed: the watchdog still acts
-            os.write(pipe[1], f"{names.PIPE_KILL_AT}{execution}:{when}\n".encode())
+            os.write(pipe[1], encode_line(KillAt(execution, kill_at)))
 
     def _interrupt_now(self) -> None:
         """(watchdog thread) SIGINT to the supervisor, which passes it on to the kernel's group."""

@@ -24,7 +24,7 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +35,7 @@ from ivralo_kernel.host.broker import BrokerResponder
 from ivralo_kernel.host.escalation import Action, DeadlinePolicy, Escalation, Phase
 from ivralo_kernel.host.observer import Observer, Sample, human_bytes, sample_tree
 from ivralo_kernel.protocol import names
+from ivralo_kernel.protocol.messages import BrokerAnswer, BrokerHello, BrokerReply, DeadlineNotice
 
 CONTROL_ANSWER_S = 0.1  # how long the kernel has to act on a deadline notice itself
 HELLO_RETRY_S = 0.5  # the broker hello is sent again until the kernel answers it
@@ -108,7 +109,7 @@ class Watchdog:
         self.broker_ready = threading.Event()  # the kernel answered our hello: requests flow both ways
         self._next_hello = 0.0  # when to (re)send the broker hello, until the kernel answers it
         # (msg_type, content, called with the kernel's reply or None)
-        self._outbox: queue.SimpleQueue[tuple[str, dict[str, Any], Callable[[dict[str, Any]], None] | None]] = (
+        self._outbox: queue.SimpleQueue[tuple[str, Mapping[str, Any], Callable[[dict[str, Any]], None] | None]] = (
             queue.SimpleQueue()
         )
         self._reply_waiters: dict[str, Callable[[dict[str, Any]], None]] = {}  # control msg_id -> callback
@@ -198,7 +199,7 @@ class Watchdog:
             return next(reversed(self.running), None)
 
     def send_control(
-        self, msg_type: str, content: dict[str, Any], on_reply: Callable[[dict[str, Any]], None] | None = None
+        self, msg_type: str, content: Mapping[str, Any], on_reply: Callable[[dict[str, Any]], None] | None = None
     ) -> None:
         """(any thread) Send a message to the kernel's control channel, from the watchdog's thread;
         ``on_reply`` gets the kernel's reply (on the watchdog's thread)."""
@@ -278,7 +279,7 @@ class Watchdog:
             return
         now = self._clock()
         if now >= self._next_hello:
-            self._send(control, names.MSG_BROKER_HELLO, {"comm_id": self.comm_id})
+            self._send(control, names.MSG_BROKER_HELLO, BrokerHello(comm_id=str(self.comm_id)))
             self._next_hello = now + HELLO_RETRY_S
 
     def _drain(self, socket: zmq.Socket[Any], handle: Callable[[dict[str, Any]], None]) -> None:
@@ -343,8 +344,8 @@ class Watchdog:
         with self._lock:
             execution = parent_id if parent_id in self.running else None
 
-        def reply(answer: dict[str, Any]) -> None:  # from this thread, an asking or a calling thread
-            self.send_control(names.MSG_BROKER_REPLY, {"req_id": str(req_id), "answer": answer})
+        def reply(answer: BrokerAnswer) -> None:  # from this thread, an asking or a calling thread
+            self.send_control(names.MSG_BROKER_REPLY, BrokerReply(req_id=str(req_id), answer=answer))
 
         def pause(on: bool) -> None:
             if execution is not None:
@@ -411,8 +412,8 @@ class Watchdog:
                 self._settle_from.pop(msg_id, None)
         return action
 
-    def _send(self, control: zmq.Socket[Any], msg_type: str, content: dict[str, Any]) -> str:
-        sent = self._session.send(control, msg_type, content)
+    def _send(self, control: zmq.Socket[Any], msg_type: str, content: Mapping[str, Any]) -> str:
+        sent = self._session.send(control, msg_type, dict(content))
         return str(sent["header"]["msg_id"]) if sent else ""
 
     def _timeout_cause(self) -> str:
@@ -430,7 +431,7 @@ class Watchdog:
             self.settings.deadline.interrupt_grace_ms,
         )
         act_before = time.monotonic() + CONTROL_ANSWER_S  # CLOCK_MONOTONIC: the kernel compares it
-        notice = {"msg_id": msg_id, "deadline_ms": self.settings.deadline.deadline_ms, "act_before": act_before}
+        notice = DeadlineNotice(msg_id=msg_id, deadline_ms=self.settings.deadline.deadline_ms, act_before=act_before)
         sent = self._send(control, names.MSG_DEADLINE_NOTICE, notice)
         until = act_before + REPLY_MARGIN_S
         while (left := until - time.monotonic()) > 0 and control.poll(max(1, int(left * 1000))):

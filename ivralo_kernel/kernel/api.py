@@ -23,6 +23,7 @@ unknown operation, bad parameters); ``BrokerError`` when the call failed or no h
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ivralo_kernel.kernel.broker_client import BROKER, BrokerUnavailable
@@ -139,7 +140,7 @@ def databases() -> dict[str, str]:
     return found
 
 
-def record_line(records: list[dict[str, Any]]) -> str:
+def record_line(records: Sequence[Mapping[str, Any]]) -> str:
     """``[ivralo answered this code's calls: photos.search with IVRALO_UNSPLASH_ACCESS_KEY (1 call, 0.4s)]``"""
     totals: dict[tuple[str, str], list[float]] = {}
     for record in records:

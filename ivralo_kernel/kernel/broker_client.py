@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Callable
-from typing import Any, Protocol
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol, cast
+
+from ivralo_kernel.protocol.messages import BrokerAnswer, BrokerRequest, CallRecord
 
 
 class PersonPrompt(Protocol):
@@ -46,16 +48,16 @@ class BrokerClient:
     def __init__(self) -> None:
         self.comm_id: str | None = None  # set at launch when a host started this kernel
         # Sends one comm_msg on IOPub (set by the kernel once it is built).
-        self.publish: Callable[[str, dict[str, Any]], None] | None = None
+        self.publish: Callable[[str, BrokerRequest], None] | None = None
         self.host_ready = threading.Event()
         self.person: PersonPrompt | None = None  # set by the kernel once it is built
         # Called around a wait: the deadline backstop stops counting while the host (or a person) answers.
         self.on_wait: tuple[Callable[[], None], Callable[[], None]] | None = None
         self._lock = threading.Lock()
-        self._pending: dict[str, tuple[threading.Event, list[dict[str, Any]]]] = {}
-        self.records: list[dict[str, Any]] = []  # the host's record of each call it made, this execution
+        self._pending: dict[str, tuple[threading.Event, list[BrokerAnswer]]] = {}
+        self.records: list[CallRecord] = []  # the host's record of each call it made, this execution
 
-    def take_records(self) -> list[dict[str, Any]]:
+    def take_records(self) -> list[CallRecord]:
         records, self.records = self.records, []
         return records
 
@@ -79,8 +81,8 @@ class BrokerClient:
         )
 
     def ask(
-        self, kind: str, payload: dict[str, Any], timeout: float, *, pause_deadline: bool = False
-    ) -> dict[str, Any]:
+        self, kind: str, payload: Mapping[str, Any], timeout: float, *, pause_deadline: bool = False
+    ) -> BrokerAnswer:
         """Send a request and wait for its answer. ``pause_deadline``: somebody may be asked, whose
         time does not count against the cell's deadline."""
         publish = self.publish
@@ -93,11 +95,12 @@ class BrokerClient:
         self._wait_for_host()
         req_id = uuid.uuid4().hex
         event = threading.Event()
-        box: list[dict[str, Any]] = []
+        box: list[BrokerAnswer] = []
         with self._lock:
             self._pending[req_id] = (event, box)
         try:
-            publish(self.comm_id, {"req_id": req_id, "kind": kind, "payload": payload})
+            # Sent as given: the host checks every payload (code in the kernel can send anything).
+            publish(self.comm_id, BrokerRequest(req_id=req_id, kind=kind, payload=cast("dict[str, Any]", payload)))
             pauses = self.on_wait if pause_deadline else None
             if pauses is not None:
                 pauses[0]()
@@ -112,13 +115,14 @@ class BrokerClient:
             with self._lock:
                 self._pending.pop(req_id, None)
 
-    def deliver(self, content: dict[str, Any]) -> None:
+    def deliver(self, content: Mapping[str, Any]) -> None:
         """(Control thread) an answer arrived."""
         with self._lock:
             waiting = self._pending.get(str(content.get("req_id")))
         if waiting is not None:
             event, box = waiting
-            box.append(dict(content.get("answer") or {}))
+            answer = content.get("answer")
+            box.append(cast(BrokerAnswer, dict(answer)) if isinstance(answer, dict) else BrokerAnswer())
             event.set()
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ivralo_kernel.kernel.broker_client import BROKER, BrokerUnavailable
@@ -70,7 +70,7 @@ def answer_proxy_question(content: dict[str, Any]) -> None:
         BROKER.ask(names.BROKER_EGRESS_ANSWER, payload, EGRESS_ANSWER_TIMEOUT_S)
 
 
-def _prompt(person: Any, answer: dict[str, Any]) -> str:
+def _prompt(person: Any, answer: Mapping[str, Any]) -> str:
     """Ask at the cell's input prompt until the answer is one of the choices (or a prefix of one)."""
     choices = [c for c in answer.get("choices") or () if c in names.EGRESS_CHOICES] or ["yes", "no"]
     question = str(answer.get("question") or "Code in this cell wants to reach a host")[:300]

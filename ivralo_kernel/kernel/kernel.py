@@ -34,6 +34,7 @@ from ivralo_kernel.kernel.egress_judge import answer_proxy_question
 from ivralo_kernel.kernel.launch_state import STATE
 from ivralo_kernel.kernel.pip_magic import guarded_pip
 from ivralo_kernel.protocol import names
+from ivralo_kernel.protocol.messages import BrokerRequest
 
 CONTROL_EXECUTE_REFUSED = (
     "execute_request on the control channel is refused: ivralo runs code only on the shell "
@@ -240,7 +241,7 @@ class IvraloKernel(IPythonKernel):
             )
         self._reply(stream, ident, parent, "ivralo_egress_note_reply", {"status": "ok"})
 
-    def _publish_broker_request(self, comm_id: str, data: dict[str, Any]) -> None:
+    def _publish_broker_request(self, comm_id: str, data: BrokerRequest) -> None:
         """A ``comm_msg`` on IOPub, as ipykernel's comms send one, parented by the running request."""
         assert self.session is not None
         self.session.send(

@@ -12,7 +12,7 @@ import traceback
 from collections.abc import MutableMapping
 from pathlib import Path
 
-from ivralo_kernel.protocol import names, worker_log
+from ivralo_kernel.protocol import names, pipe, worker_log
 
 
 class SupervisorPipe:
@@ -27,17 +27,17 @@ class SupervisorPipe:
     def connected(self) -> bool:
         return self._fd is not None
 
-    def _send(self, line: str) -> None:
+    def _send(self, line: pipe.PipeLine) -> None:
         if self._fd is None:
             return
         try:
-            os.write(self._fd, line.encode() + b"\n")
+            os.write(self._fd, pipe.encode(line))
         except OSError:  # the supervisor is gone; the parent-death signal takes care of us
             self._fd = None
 
     def reached_stage(self, stage: str) -> None:
         self.reached.append(stage)
-        self._send(names.PIPE_STAGE + stage)
+        self._send(pipe.Stage(stage))
 
     def kill_at(self, execution: str, monotonic_deadline: float | None) -> None:
         """Ask the supervisor to end the tree at this CLOCK_MONOTONIC time if ``execution`` still runs
@@ -46,11 +46,10 @@ class SupervisorPipe:
         It is registered up front because when the time comes the kernel may be unable to ask:
         native code holding the GIL starves every Python thread, and only another process can act.
         """
-        when = "off" if monotonic_deadline is None else repr(monotonic_deadline)
-        self._send(f"{names.PIPE_KILL_AT}{execution}:{when}")
+        self._send(pipe.KillAt(execution, monotonic_deadline))
 
     def kill_now(self) -> None:
-        self._send(names.PIPE_KILL_NOW)
+        self._send(pipe.KillNow())
 
 
 def write_failure(workspace: str, reached: list[str], error: BaseException) -> Path:

@@ -13,25 +13,21 @@ from __future__ import annotations
 
 import math
 
+from ivralo_kernel.protocol.pipe import KillAt
+
 
 class Backstop:
     def __init__(self, kernel_may_disarm: bool) -> None:
         self.kernel_may_disarm = kernel_may_disarm
         self._arms: dict[str, float] = {}
 
-    def apply(self, value: str, from_host: bool) -> None:
-        """One ``kill-at:`` line's value: ``<execution>:<seconds>`` or ``<execution>:off``."""
-        execution, _, when = value.rpartition(":")
+    def apply(self, line: KillAt, from_host: bool) -> None:
+        """One ``kill-at`` line (``protocol.pipe``): arm, move or (``at=None``) disarm an execution."""
+        execution, at = line.execution, line.at
         authority = from_host or self.kernel_may_disarm
-        if when == "off":
+        if at is None:
             if authority:
                 self._arms.pop(execution, None)
-            return
-        try:
-            at = float(when)
-        except ValueError:
-            return
-        if not math.isfinite(at):
             return
         if authority:
             self._arms[execution] = at

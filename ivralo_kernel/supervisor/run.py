@@ -30,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from ivralo_kernel.protocol import KernelPolicy, database_env_names, names, scrub, worker_log
+from ivralo_kernel.protocol import KernelPolicy, database_env_names, names, pipe, scrub, worker_log
 from ivralo_kernel.supervisor import linux, tree
 from ivralo_kernel.supervisor.backstop import Backstop
 from ivralo_kernel.supervisor.relay import start_relay
@@ -219,13 +219,13 @@ def main(argv: list[str] | None = None) -> int:
                 os.close(stage_r)
             *lines, pending = (pending + chunk).split(b"\n")
             for line in lines:
-                text = line.decode(errors="replace")
-                if text.startswith(names.PIPE_STAGE):
-                    stages.append(text.removeprefix(names.PIPE_STAGE))
-                elif text.startswith(names.PIPE_KILL_AT):
-                    backstop.apply(text.removeprefix(names.PIPE_KILL_AT), from_host=False)
-                elif text == names.PIPE_KILL_NOW:
-                    backstop.apply(f"kill-now:{time.monotonic()!r}", from_host=False)
+                message = pipe.decode(line.decode(errors="replace"))
+                if isinstance(message, pipe.Stage):
+                    stages.append(message.name)
+                elif isinstance(message, pipe.KillAt):
+                    backstop.apply(message, from_host=False)
+                elif isinstance(message, pipe.KillNow):
+                    backstop.apply(pipe.KillAt("kill-now", time.monotonic()), from_host=False)
         received = set(os.read(wake_r, 512)) if wake_r in ready else set()
         if signal.SIGINT in received:  # step 4: the interrupt is for the kernel and its children
             with contextlib.suppress(ProcessLookupError):
@@ -242,9 +242,9 @@ def main(argv: list[str] | None = None) -> int:
             host_gone = not chunk
             *lines, host_pending = (host_pending + chunk).split(b"\n")
             for line in lines:
-                text = line.decode(errors="replace")
-                if text.startswith(names.PIPE_KILL_AT):
-                    backstop.apply(text.removeprefix(names.PIPE_KILL_AT), from_host=True)
+                message = pipe.decode(line.decode(errors="replace"))
+                if isinstance(message, pipe.KillAt):  # the host's pipe carries nothing else
+                    backstop.apply(message, from_host=True)
         if SIGNAL_KILL_NOW in received or os.getppid() != parent or host_gone:
             stopped_by = "was stopped by the host" if SIGNAL_KILL_NOW in received else "lost its host"
             break

@@ -1,0 +1,103 @@
+"""[protocol] Every message that crosses between the kernel and its host, typed.
+
+They travel as JSON in Jupyter messages: the kernel's requests as ``comm_msg`` on IOPub (on the broker
+comm), the host's answers and notices as custom control messages (``names.CONTROL_MSG_TYPES``). Both
+sides build and read them through these types, so a renamed field fails ``mypy`` on both sides at
+once instead of a cell at run time. Values from the other side are still checked where they are read
+(``valid_target``, ``isinstance``): a kernel's code can send anything.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NotRequired, TypedDict
+
+# ---- the broker: kernel -> host (comm_msg on IOPub), host -> kernel (control) --------------------
+
+
+class BrokerRequest(TypedDict):
+    req_id: str
+    kind: str  # names.BROKER_EGRESS, BROKER_EGRESS_ANSWER, BROKER_API, BROKER_SQL, BROKER_CATALOG
+    payload: dict[str, Any]  # one of the payloads below, by kind
+
+
+class EgressQuestion(TypedDict):  # BROKER_EGRESS
+    host: str
+    port: int
+    person: bool  # a person can be asked through the running cell's stdin
+
+
+class EgressChoice(TypedDict):  # BROKER_EGRESS_ANSWER: the person's answer, relayed by the kernel
+    host: str
+    port: int
+    choice: str  # one of names.EGRESS_CHOICES
+
+
+class ApiCall(TypedDict):  # BROKER_API
+    operation: str
+    params: dict[str, Any]
+
+
+class SqlQuery(TypedDict):  # BROKER_SQL
+    database: str
+    query: str
+    params: NotRequired[dict[str, Any]]
+
+
+class CallRecord(TypedDict):
+    """What the host did with a credential, for the cell's summary (the credential's name, never its value)."""
+
+    what: str
+    credential: str
+    seconds: float
+
+
+class BrokerAnswer(TypedDict, total=False):
+    """The answer to any request: an egress decision, a question for the person, or a call's outcome."""
+
+    allowed: bool  # egress: the decision
+    reason: str
+    ask_person: bool  # egress: the host has nobody to ask but the cell's person
+    question: str
+    choices: list[str]
+    ok: bool  # api, sql, catalog
+    result: Any
+    error: str
+    refused: bool  # a guard's refusal, not a failure of the service
+    record: CallRecord
+
+
+class BrokerReply(TypedDict):  # control: names.MSG_BROKER_REPLY
+    req_id: str
+    answer: BrokerAnswer
+
+
+class BrokerHello(TypedDict):  # control: names.MSG_BROKER_HELLO ("I hear your IOPub")
+    comm_id: str
+
+
+# ---- deadlines and the host's notes -----------------------------------------------------------
+
+
+class DeadlineNotice(TypedDict):  # control: names.MSG_DEADLINE_NOTICE ("the next interrupt is a deadline")
+    msg_id: str
+    deadline_ms: int
+    act_before: float  # CLOCK_MONOTONIC: a notice that arrives later is stale, and ignored
+
+
+class EgressPrompt(TypedDict):  # control: names.MSG_EGRESS_PROMPT (the sandbox's proxy asks the person)
+    host: str
+    port: int
+    question: str
+    choices: list[str]
+
+
+class EgressNote(TypedDict):  # control: names.MSG_EGRESS_NOTE (for the running cell's "hosts tried")
+    host: str
+    port: int
+    allowed: bool
+    reason: str
+
+
+class StatusReply(TypedDict):  # control: names.MSG_STATUS_REQUEST's reply
+    status: str
+    executing: str | None  # the execute_request the kernel is running, if any
