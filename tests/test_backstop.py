@@ -3,7 +3,11 @@ its pipe can postpone or cancel a kill time; only the host's own pipe can."""
 
 from __future__ import annotations
 
+import pytest
+
 from ivralo_kernel.supervisor.backstop import Backstop
+
+pytestmark = pytest.mark.fast  # starts no process: the fast tier (make test-fast)
 
 
 def test_under_a_host_the_kernel_may_only_arm_or_bring_closer() -> None:

@@ -18,6 +18,7 @@ from ivralo_kernel.cli.install import install
 BIN = Path(sys.executable).parent
 
 
+@pytest.mark.fast
 def test_install_writes_an_absolute_interpreter_and_the_provisioner(tmp_path: Path) -> None:
     where = Path(install(prefix=str(tmp_path)))
     assert where == tmp_path / "share" / "jupyter" / "kernels" / "ivralo"
@@ -45,6 +46,7 @@ def test_install_refuses_an_interpreter_without_ivralo(tmp_path: Path, capsys: p
     assert "cannot import ivralo_kernel" in err and "-m pip install ivralo-kernel" in err
 
 
+@pytest.mark.fast
 def test_install_refuses_a_missing_interpreter(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["install", "--prefix", str(tmp_path), "--python", str(tmp_path / "nope")]) == 2
     assert "not an executable file" in capsys.readouterr().err
