@@ -37,11 +37,19 @@ def _install(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     from ivralo_kernel.cli.run import run_file
 
+    deadline_ms = args.deadline_ms
+    if args.timeout is not None:  # the old flag: nbclient's wait for notebooks, the deadline for .py files
+        deadline_ms = round(args.timeout * 1000)
+        print(
+            f"ivralo-kernel run: --timeout is deprecated; it now means --deadline-ms {deadline_ms} "
+            "(the host's per-execution deadline, for notebooks and .py files alike)",
+            file=sys.stderr,
+        )
     return run_file(
         args.file,
         workspace=args.workspace,
         memory_limit=args.memory_limit,
-        timeout=args.timeout,
+        deadline_ms=deadline_ms,
         grants=tuple(args.grant or ()),
     )
 
@@ -112,11 +120,26 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("path", nargs="?", default=".", help="the folder (default: the current one)")
         p.set_defaults(func=_trust)
 
-    p = commands.add_parser("run", help="run a notebook or a .py file in a guarded kernel and print what it did")
+    p = commands.add_parser(
+        "run",
+        help="run a notebook or a .py file in a guarded kernel and print what it did; exits 1 if any cell failed",
+        description="Run every cell of FILE in a guarded kernel and print each with its output. Exits 1 if any "
+        "cell failed (every cell still runs), 0 otherwise.",
+    )
     p.add_argument("file", help="FILE.ipynb or FILE.py")
     p.add_argument("--workspace", help="folder the kernel runs in (default: the file's folder)")
     p.add_argument("--memory-limit", type=int, metavar="BYTES", help="RLIMIT_DATA of the kernel")
-    p.add_argument("--timeout", type=float, default=600, help="seconds per cell (default: %(default)s)")
+    deadline = p.add_mutually_exclusive_group()
+    deadline.add_argument(
+        "--deadline-ms",
+        type=int,
+        default=0,
+        metavar="MS",
+        help="per-execution deadline, for each notebook cell and for a whole .py file: the cell is interrupted "
+        "at MS, and its kernel's process tree killed if it has not ended after the grace (2 s); the run then "
+        "goes on and exits 1. Default: no deadline, as with `jupyter nbconvert --execute` and papermill",
+    )
+    deadline.add_argument("--timeout", type=float, metavar="SECONDS", help="deprecated: the same deadline, in seconds")
     p.add_argument("--grant", action="append", metavar="NAME", help='a broker grant, e.g. "databases"; repeatable')
     p.set_defaults(func=_run)
     return parser
