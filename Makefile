@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 
-.PHONY: demo test lab lint bench install clean
+.PHONY: demo test test-fast lab lint bench install clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -42,6 +42,10 @@ demo: $(VENV)/.installed
 
 test: $(VENV)/.installed-test lint
 	$(PY) -m pytest
+
+# The fast tier: tests that start no kernel and no process (under 30 s); `make test` runs them too.
+test-fast: $(VENV)/.installed-test
+	$(PY) -m pytest -m fast
 
 lint: $(VENV)/.installed-test
 	$(VENV)/bin/ruff check ivralo_kernel tests bench

@@ -3,6 +3,10 @@
 The pytest process makes itself a child subreaper, so every process a test starts (even a
 ``setsid`` daemon whose parent died) stays a descendant of pytest; at the end of the session any
 descendant still alive fails the run, and is killed by pid.
+
+Tests marked ``fast`` (``make test-fast``) start no process at all, no kernel above all: while one
+runs, a process start from Python fails it, and so does a new descendant of pytest still alive at
+its end (found by pid).
 """
 
 from __future__ import annotations
@@ -112,6 +116,48 @@ def no_process_left_behind() -> Iterator[None]:
             pass
     reap_zombies()
     assert not described, "processes left behind by the tests:\n" + "\n".join(described)
+
+
+# The audit events of CPython's process starts (subprocess, os.fork/forkpty/posix_spawn/spawn*/exec*/system).
+PROCESS_START_EVENTS = frozenset(
+    {"subprocess.Popen", "os.fork", "os.forkpty", "os.posix_spawn", "os.spawn", "os.exec", "os.system"}
+)
+
+
+class FastTierWatch:
+    """Records process starts while a fast test runs (an audit hook cannot be removed, so it stays
+    installed once added and does nothing while ``starts`` is None)."""
+
+    def __init__(self) -> None:
+        self.starts: list[str] | None = None
+        self.installed = False
+
+    def hook(self, event: str, args: tuple[object, ...]) -> None:
+        if self.starts is not None and event in PROCESS_START_EVENTS:
+            self.starts.append(f"{event} {args[:2]!r}"[:200])
+            raise RuntimeError(f"a test marked fast started a process ({event}): it belongs to the kernel tier")
+
+
+FAST_TIER = FastTierWatch()
+
+
+@pytest.fixture(autouse=True)
+def fast_tier_starts_no_process(request: pytest.FixtureRequest) -> Iterator[None]:
+    if request.node.get_closest_marker("fast") is None:
+        yield
+        return
+    if not FAST_TIER.installed:
+        sys.addaudithook(FAST_TIER.hook)
+        FAST_TIER.installed = True
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    FAST_TIER.starts = starts = []
+    try:
+        yield
+    finally:
+        FAST_TIER.starts = None
+    new = [p.pid for p in psutil.Process().children(recursive=True) if p.pid not in before and _alive(p)]
+    if starts or new:
+        pytest.fail(f"a test marked fast started processes: {starts}; new descendants by pid: {new}")
 
 
 @pytest.fixture(autouse=True)

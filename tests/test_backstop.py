@@ -3,8 +3,12 @@ its pipe can postpone or cancel a kill time; only the host's own pipe can."""
 
 from __future__ import annotations
 
+import pytest
+
 from ivralo_kernel.protocol import pipe
 from ivralo_kernel.supervisor.backstop import Backstop
+
+pytestmark = pytest.mark.fast  # starts no process: the fast tier (make test-fast)
 
 
 def kill_at(value: str) -> pipe.KillAt:

@@ -176,8 +176,8 @@ async def test_refusals_name_the_grant_the_operation_and_the_parameter(
     workspace: Path, endpoint: Endpoint, operations: Path
 ) -> None:
     checks = {
-        "ivralo.call('test.search', q='x')": 'BrokerRefused: refused: this specialist has no "test" grant',
-        "ivralo.sql('demo', 'select 1')": 'BrokerRefused: refused: this specialist has no "databases" grant',
+        "ivralo.call('test.search', q='x')": 'BrokerRefused: refused: this kernel has no "test" grant',
+        "ivralo.sql('demo', 'select 1')": 'BrokerRefused: refused: this kernel has no "databases" grant',
     }
     async with Session(workspace=workspace, grants=()) as session:
         for code, expected in checks.items():

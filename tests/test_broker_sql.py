@@ -276,10 +276,10 @@ async def test_sqlite_without_the_databases_grant_is_refused(workspace: Path, sh
             )
         )
         error = failed(await session.run('ivralo.sql("shop", "select 1")'))
-    assert out.startswith('BrokerRefused refused: this specialist has no "databases" grant\n'), out
+    assert out.startswith('BrokerRefused refused: this kernel has no "databases" grant\n'), out
     assert "'shop': 'read-only (needs the \"databases\" grant)'" in out
     assert "[ivralo answered" not in out  # the host made no call
-    assert 'BrokerRefused: refused: this specialist has no "databases" grant' in error
+    assert 'BrokerRefused: refused: this kernel has no "databases" grant' in error
 
 
 # --------------------------------------------------------------------------- PostgreSQL

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pexpect
@@ -18,6 +19,7 @@ from ivralo_kernel.cli.install import install
 BIN = Path(sys.executable).parent
 
 
+@pytest.mark.fast
 def test_install_writes_an_absolute_interpreter_and_the_provisioner(tmp_path: Path) -> None:
     where = Path(install(prefix=str(tmp_path)))
     assert where == tmp_path / "share" / "jupyter" / "kernels" / "ivralo"
@@ -45,6 +47,7 @@ def test_install_refuses_an_interpreter_without_ivralo(tmp_path: Path, capsys: p
     assert "cannot import ivralo_kernel" in err and "-m pip install ivralo-kernel" in err
 
 
+@pytest.mark.fast
 def test_install_refuses_a_missing_interpreter(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["install", "--prefix", str(tmp_path), "--python", str(tmp_path / "nope")]) == 2
     assert "not an executable file" in capsys.readouterr().err
@@ -57,9 +60,58 @@ def test_run_prints_each_cell(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     nb.cells = [nbformat.v4.new_code_cell("n = 5"), nbformat.v4.new_code_cell("print(n * 8 + 2)")]
     path = tmp_path / "t.ipynb"
     nbformat.write(nb, path)
-    assert main(["run", str(path)]) == 0
+    assert main(["run", str(path)]) == 0, "a clean notebook exits 0"
     out = capsys.readouterr().out
     assert "print(n * 8 + 2)" in out and "  | 42" in out and "2 code cells, 0 with an error" in out
+
+
+def notebook(tmp_path: Path, *sources: str) -> Path:
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(source) for source in sources]
+    path = tmp_path / "t.ipynb"
+    nbformat.write(nb, path)
+    return path
+
+
+def test_run_exits_1_when_a_cell_fails_and_still_runs_every_cell(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """As ``jupyter nbconvert --execute`` does (and as a failing .py does), but every cell runs."""
+    path = notebook(tmp_path, "x = 1", "1/0", "print('after', x)")
+    assert main(["run", str(path)]) == 1
+    out, err = capsys.readouterr()
+    assert "ZeroDivisionError" in out and "  | after 1" in out, out
+    assert "3 code cells, 1 with an error" in out
+    assert "t.ipynb: 1 of 3 code cells failed" in err
+
+
+def test_deadline_ms_ends_a_looping_cell_and_the_run_goes_on(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The host's deadline (interrupt at 1.5 s) ends the cell, not nbclient's own wait, which would
+    only fire at deadline + grace + 30 s and stop the run ("stopped at cell 2: CellTimeoutError")."""
+    path = notebook(tmp_path, "x = 41", "while True: pass", "print(x + 1)")
+    start = time.monotonic()
+    assert main(["run", str(path), "--deadline-ms", "1500"]) == 1
+    elapsed = time.monotonic() - start
+    out, err = capsys.readouterr()
+    assert "  | interrupted: exceeded deadline_ms=1500; namespace preserved" in out, out
+    assert "  | 42" in out and "3 code cells, 1 with an error" in out, out
+    assert "stopped at" not in err and "1 of 3 code cells failed" in err, err
+    assert elapsed < 30, f"liveness: the run took {elapsed:.1f} s"  # generous: kernel start + 1.5 s + grace
+
+
+def test_timeout_is_the_same_deadline_for_a_py_file_and_says_it_is_deprecated(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    script = tmp_path / "loop.py"
+    script.write_text("print('started', flush=True)\nwhile True: pass\n")
+    assert main(["run", str(script), "--timeout", "1.5"]) == 1
+    out, err = capsys.readouterr()
+    assert out.startswith("started\n") and "interrupted: exceeded deadline_ms=1500" in out, out
+    assert "--timeout is deprecated; it now means --deadline-ms 1500" in err, err
 
 
 def test_jupyter_console(tmp_path: Path) -> None:

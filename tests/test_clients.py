@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import nbformat
+import pytest
 from conftest import gone, kernel_in_tree, wait_until
 from jupyter_client import AsyncKernelManager, KernelManager
 from jupyter_client.blocking.client import BlockingKernelClient
@@ -156,6 +157,7 @@ def test_raw_launch_of_kernel_json_like_vscode(workspace: Path, tmp_path: Path) 
     wait_until(lambda: gone(kernel_pid), 5, "the kernel to exit after SIGTERM of the supervisor")
 
 
+@pytest.mark.fast
 def test_kernelspec_in_repo_matches_the_generator() -> None:
     from ivralo_kernel.host.kernelspec import kernel_spec_dict
 

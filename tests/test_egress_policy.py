@@ -10,6 +10,8 @@ import pytest
 
 from ivralo_kernel.host.egress import allow_always, load_egress_policy
 
+pytestmark = pytest.mark.fast  # starts no process: the fast tier (make test-fast)
+
 
 def write(ws: Path, text: str) -> Path:
     path = ws / ".ivralo" / "permissions.json"

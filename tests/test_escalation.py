@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 from ivralo_kernel.host.escalation import Action, DeadlinePolicy, Escalation, Phase
+
+pytestmark = pytest.mark.fast  # starts no process: the fast tier (make test-fast)
 
 DEFAULT = DeadlinePolicy(deadline_ms=60_000)  # the agent default: 60 s
 

@@ -44,6 +44,7 @@ def test_history_restores_byte_exact(workspace: Path, code: str, operation: str)
     assert restored == PAYLOAD
 
 
+@pytest.mark.fast
 def test_history_is_bounded_and_refuses_what_it_cannot_keep(tmp_path: Path) -> None:
     from ivralo_kernel.guards.history import History
     from ivralo_kernel.protocol import GuardRefusal

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.fast  # starts no process: the fast tier (make test-fast)
+
 PACKAGE = Path(__file__).resolve().parents[1] / "ivralo_kernel"
 ROOMS = ("protocol", "guards", "supervisor", "kernel", "host", "cli")
 THIRD_PARTY_LIMITED = {"ipykernel", "jupyter_client", "traitlets", "psutil", "zmq", "IPython", "dotenv", "nbclient"}

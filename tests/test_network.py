@@ -143,6 +143,7 @@ async def test_malformed_permissions_fail_closed(workspace: Path, server: int) -
     assert 'permissions.json: line 3: field "hosts.allow" must be a list' in result["error"]
 
 
+@pytest.mark.fast
 def test_an_allowed_names_addresses_are_allowed_only_on_its_port() -> None:
     """Learning 127.0.0.1 from localhost:1111 must not open 127.0.0.1:2222 (no kernel needed)."""
     import socket

@@ -208,6 +208,7 @@ async def test_what_the_floor_does_not_cover(workspace: Path, ports: Ports) -> N
     assert datagram == b"past the floor"
 
 
+@pytest.mark.fast
 def test_the_knob_reaches_the_policy_and_follows_the_write_floor() -> None:
     assert IvraloProvisioner().policy_for("/w").landlock_network is False
     assert IvraloProvisioner(landlock_network=True).policy_for("/w").landlock_network is True
@@ -218,6 +219,7 @@ def test_the_knob_reaches_the_policy_and_follows_the_write_floor() -> None:
         WorkerConfig(landlock_network="no")  # type: ignore[arg-type]
 
 
+@pytest.mark.fast
 def test_the_guard_checks_only_tcp_against_the_floor() -> None:
     """Called directly (never installed: an audit hook cannot be removed). Only AF_INET/AF_INET6
     SOCK_STREAM is checked, MPTCP and TCP sendto (Fast Open) included since Landlock misses them."""

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 from ivralo_kernel.host.observer import Observer, Sample
+
+pytestmark = pytest.mark.fast  # starts no process: the fast tier (make test-fast)
 
 
 class FakeTree:

@@ -21,10 +21,8 @@ async def test_prewarmed_spare_serves_the_first_call_and_is_replaced(workspace: 
         ready = spare.km.provisioner.host_pid(spare.kernel_info["ivralo"]["pid"]) == spare.pid
         assert ready, "a spare is ready (its kernel answered kernel_info), not merely spawned"
         async with Session(pool=pool) as session:
-            start = time.monotonic()
             assert await session.run("print(1 + 1)") == "2\n"
-            assert time.monotonic() - start < 1.0, "the warm path does not pay a kernel start"
-            assert session.pid == spare.pid
+            assert session.pid == spare.pid, "the warm path does not pay a kernel start: the spare answered"
             await pool.wait_prewarmed()
             assert len(pool.spares) == 1 and pool.spares[0] is not spare, "the pool replaces what it handed out"
 
@@ -33,9 +31,8 @@ async def test_max_workers_refuses_at_once_naming_the_setting(workspace: Path) -
     async with WorkerPool(workspace, WorkerConfig(max_workers=1)) as pool:
         async with Session(pool=pool) as first, Session(pool=pool) as second:
             assert await first.run("a = 1") == ""
-            start = time.monotonic()
-            result = await second.run("print('never')")
-            assert time.monotonic() - start < 1.0, "no queueing"
+            # No queueing: a queued call would wait for `first`, which stays open, so wait_for would end it.
+            result = await asyncio.wait_for(second.run("print('never')"), 30)
             assert result == {
                 "status": "error",
                 "result": "",
@@ -86,11 +83,10 @@ async def test_third_restart_in_a_minute_is_called_out(workspace: Path) -> None:
 async def test_closing_the_pool_does_not_wait_for_busy_workers(workspace: Path) -> None:
     pool = WorkerPool(workspace, WorkerConfig(deadline_ms=600_000, interrupt_grace_ms=1000))
     session = Session(pool=pool)
-    busy = asyncio.create_task(session.run("import time\ntime.sleep(600)"))
-    while session.pid is None:
-        await asyncio.sleep(0.02)
+    busy = asyncio.create_task(session.run("import pathlib, time\npathlib.Path('started').touch()\ntime.sleep(600)"))
+    await wait_until_async(lambda: (workspace / "started").exists(), 60, "the cell to start running")
     pid = session.pid
-    await asyncio.sleep(0.3)
+    assert pid is not None
     start = time.monotonic()
     await pool.close()
     assert time.monotonic() - start < 5

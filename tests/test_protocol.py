@@ -10,6 +10,8 @@ import pytest
 from ivralo_kernel.host import WorkerConfig
 from ivralo_kernel.protocol import ConfigError, KernelPolicy, database_env_names, is_secret_name, scrub
 
+pytestmark = pytest.mark.fast  # starts no process: the fast tier (make test-fast)
+
 
 @pytest.mark.parametrize(
     "name",

@@ -178,3 +178,26 @@ def test_the_three_sections_nest(config_dir: Path) -> None:
     assert JupyterHostSettings.section_names()[-2:] == ["IvraloSettings", "IvraloProvisioner"]
     assert IvraloAgent.section_names()[-3:] == ["IvraloSettings", "IvraloProvisioner", "IvraloAgent"]
     assert IvraloProvisioner.section_names()[1] == "IvraloSettings"
+
+
+@fast
+def test_a_short_deadline_brings_its_own_grace(tmp_path: Path) -> None:
+    assert WorkerConfig(deadline_ms=1_000).interrupt_grace_ms == 500
+    assert IvraloSettings(deadline_ms=60_000).interrupt_grace_ms == 2_000
+    # install writes the grace with the deadline: a raw launch does not know the rule
+    assert main(["install", "--prefix", str(tmp_path), "--name", "short", "--deadline-ms", "1000"]) == 0
+    spec = json.loads((tmp_path / "share/jupyter/kernels/short/kernel.json").read_text(encoding="utf-8"))
+    assert spec["env"][names.ENV_INTERRUPT_GRACE_MS] == "500"
+
+
+@fast
+def test_the_launch_policy_defaults_are_the_models() -> None:
+    """A raw launch without a variable falls back on KernelPolicy's defaults (protocol/ has no
+    traitlets): they must be the model's, or one setting would have two defaults."""
+    from ivralo_kernel.protocol import KernelPolicy
+
+    model, policy = IvraloSettings(), KernelPolicy(workspace="/w")
+    for name in ("role", "deadline_ms", "interrupt_grace_ms", "memory_limit_bytes", "rlimit_nofile", "landlock"):
+        assert getattr(policy, name) == getattr(model, name), name
+    for name in ("landlock_network", "history_cap_bytes", "history_cap_count"):
+        assert getattr(policy, name) == getattr(model, name), name

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import Any
 
 from ivralo_kernel import __version__
 from ivralo_kernel.protocol import IvraloError, names
@@ -12,7 +13,6 @@ from ivralo_kernel.protocol import IvraloError, names
 
 def _install(args: argparse.Namespace) -> int:
     from ivralo_kernel.cli.install import install
-    from ivralo_kernel.host.settings import JupyterHostSettings, command_line_layer, resolve
 
     flags = {
         "deadline_ms": args.deadline_ms,
@@ -22,14 +22,7 @@ def _install(args: argparse.Namespace) -> int:
         "memory_hard_limit_bytes": args.memory_hard_limit,
         "grants": args.grant,
     }
-    # Checked together (a grace longer than the deadline is refused here, not at the first cell).
-    chosen = resolve(
-        JupyterHostSettings,
-        [command_line_layer(args.settings)],
-        {k: v for k, v in flags.items() if v is not None},
-        given_label="flag",
-    )
-    settings = {name: value for name, value, source in chosen.rows() if source != "default"}
+    settings = _chosen(args.settings, flags)  # a grace longer than the deadline is refused here
     prefix = sys.prefix if args.sys_prefix else args.prefix
     where = install(
         user=args.user,
@@ -46,13 +39,29 @@ def _install(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     from ivralo_kernel.cli.run import run_file
 
-    return run_file(
-        args.file,
-        workspace=args.workspace,
-        memory_limit=args.memory_limit,
-        timeout=args.timeout,
-        grants=tuple(args.grant or ()),
-    )
+    deadline_ms = args.deadline_ms
+    if args.timeout is not None:  # the old flag: nbclient's wait for notebooks, the deadline for .py files
+        deadline_ms = round(args.timeout * 1000)
+        print(
+            f"ivralo-kernel run: --timeout is deprecated; it now means --deadline-ms {deadline_ms} "
+            "(the host's per-execution deadline, for notebooks and .py files alike)",
+            file=sys.stderr,
+        )
+    flags = {"deadline_ms": deadline_ms, "memory_limit_bytes": args.memory_limit, "grants": args.grant}
+    return run_file(args.file, workspace=args.workspace, settings=_chosen(args.settings, flags))
+
+
+def _chosen(settings: tuple[str, ...], flags: dict[str, Any]) -> dict[str, Any]:
+    """The values this command line sets (``--IvraloSettings.NAME=`` and the command's flags), checked
+    together; the rest come from the config files, which the provisioner reads itself."""
+    from ivralo_kernel.host.settings import JupyterHostSettings, command_line_layer, resolve
+
+    given = {k: v for k, v in flags.items() if v is not None}
+    chosen = resolve(JupyterHostSettings, [command_line_layer(settings)], given, given_label="flag")
+    values = {name: value for name, value, source in chosen.rows() if source != "default"}
+    if "deadline_ms" in values:  # the grace that goes with it (half a short deadline), for a raw launch too
+        values.setdefault("interrupt_grace_ms", chosen.settings.interrupt_grace_ms)
+    return values
 
 
 def _doctor(args: argparse.Namespace) -> int:
@@ -145,12 +154,27 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("path", nargs="?", default=".", help="the folder (default: the current one)")
         p.set_defaults(func=_trust)
 
-    p = commands.add_parser("run", help="run a notebook or a .py file in a guarded kernel and print what it did")
+    p = commands.add_parser(
+        "run",
+        help="run a notebook or a .py file in a guarded kernel and print what it did; exits 1 if any cell failed",
+        description="Run every cell of FILE in a guarded kernel and print each with its output. Exits 1 if any "
+        "cell failed (every cell still runs), 0 otherwise.",
+    )
     p.add_argument("file", help="FILE.ipynb or FILE.py")
     p.add_argument("--workspace", help="folder the kernel runs in (default: the file's folder)")
     p.add_argument("--memory-limit", type=int, metavar="BYTES", help="RLIMIT_DATA of the kernel")
-    p.add_argument("--timeout", type=float, default=600, help="seconds per cell (default: %(default)s)")
+    deadline = p.add_mutually_exclusive_group()
+    deadline.add_argument(
+        "--deadline-ms",
+        type=int,
+        metavar="MS",
+        help="per-execution deadline, for each notebook cell and for a whole .py file: the cell is interrupted "
+        "at MS, and its kernel's process tree killed if it has not ended after the grace (2 s); the run then "
+        "goes on and exits 1. Default: no deadline, as with `jupyter nbconvert --execute` and papermill",
+    )
+    deadline.add_argument("--timeout", type=float, metavar="SECONDS", help="deprecated: the same deadline, in seconds")
     p.add_argument("--grant", action="append", metavar="NAME", help='a broker grant, e.g. "databases"; repeatable')
+    p.epilog = SETTINGS_EPILOG
     p.set_defaults(func=_run)
     return parser
 

@@ -62,7 +62,7 @@ def show_config(argv: Sequence[str], kernel_name: str = names.KERNEL_NAME, as_js
         print(note)
     titles = {
         "jupyter": f"Kernels Jupyter's hosts start from kernelspec {kernel_name!r} (JupyterLab, console, VS Code)",
-        "agent": "Kernels of the agent API (Session, WorkerPool, ivralo-kernel run)",
+        "agent": "Kernels of the agent API (Session, WorkerPool, doctor)",
     }
     for kind, effective in hosts.items():
         rows = effective.rows()
@@ -73,6 +73,7 @@ def show_config(argv: Sequence[str], kernel_name: str = names.KERNEL_NAME, as_js
         for (name, _, source), value in zip(rows, values, strict=True):
             print(f"  {name:<{width}}  {value:<{value_width}}  {source}")
     print(
+        "\n`ivralo-kernel run` gets the first list's values without kernel.json's, then its own flags."
         "\nJupyterLab's own config (jupyter_server_config) can also set c.IvraloProvisioner.*; it applies there "
         "between these files and kernel.json."
     )

@@ -1,11 +1,21 @@
 """[cli] ``ivralo-kernel run FILE``: execute a notebook (or a .py file) in a guarded kernel, headless,
-and print each cell with what it printed, the way a person reading the notebook would see it."""
+and print each cell with what it printed, the way a person reading the notebook would see it.
+
+A notebook and a .py file take the same path (a .py file is one cell), so each flag means one thing
+for both: ``--deadline-ms`` is the host's per-execution deadline (interrupt, then kill the tree after
+the grace), and the run exits 1 when any cell failed, like ``jupyter nbconvert --execute``. Unlike
+nbconvert, every cell still runs after a failure, so the report shows all of them.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import math
 import os
+import sys
 import textwrap
+import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -14,17 +24,22 @@ from ivralo_kernel.host.outputs import CellOutput
 from ivralo_kernel.host.processes import still_running, tree_of
 from ivralo_kernel.protocol import IvraloError
 
-
-def _settings(workspace: str, memory_limit: int | None, grants: tuple[str, ...]) -> dict[str, Any]:
-    settings: dict[str, Any] = {"workspace": workspace, "grants": list(grants)}
-    if memory_limit:
-        settings["memory_limit_bytes"] = memory_limit
-    return settings
+# nbclient's own wait for a cell's reply is only a backstop: the host's deadline is what ends a cell
+# (at deadline_ms, then the kill after the grace, answered within 250 ms), so nbclient waits longer.
+NBCLIENT_MARGIN_S = 30.0
 
 
-def _print_cell(number: int, source: str, outputs: list[dict[str, Any]]) -> None:
-    print(f"\033[1mIn [{number}]:\033[0m")
-    print(textwrap.indent(source.rstrip() or "(empty)", "    "))
+def _nbclient_timeout(km: IvraloKernelManager) -> int | None:
+    """None without a deadline (nbclient's own default, and nbconvert's); else past the host's bound.
+    The provisioner's own values: a deadline from the config files counts as well as the flag's."""
+    deadline_ms: int | None = getattr(km.provisioner, "deadline_ms", None)
+    if deadline_ms is None:
+        return None
+    grace_ms = int(getattr(km.provisioner, "interrupt_grace_ms", 2_000))
+    return math.ceil((deadline_ms + grace_ms) / 1000 + NBCLIENT_MARGIN_S)
+
+
+def _cell_text(outputs: list[dict[str, Any]]) -> str:
     collected = CellOutput()
     for output in outputs:
         kind = output.get("output_type")
@@ -36,71 +51,112 @@ def _print_cell(number: int, source: str, outputs: list[dict[str, Any]]) -> None
                 collected.parts.append(text + "\n")
         elif kind == "error":
             collected.parts.append("\n".join(output.get("traceback", [])) + "\n")
-    text = collected.text.rstrip()
+    return collected.text
+
+
+def _print_cell(number: int, source: str, outputs: list[dict[str, Any]]) -> None:
+    print(f"\033[1mIn [{number}]:\033[0m")
+    print(textwrap.indent(source.rstrip() or "(empty)", "    "))
+    text = _cell_text(outputs).rstrip()
     if text:
         print(textwrap.indent(text, "  | ", lambda _: True))
     print()
 
 
-async def _run_notebook(
-    path: Path, workspace: str, memory_limit: int | None, timeout: float, grants: tuple[str, ...]
-) -> int:
-    import nbformat
-    from nbclient import NotebookClient
+def _failed(cell: Any) -> bool:
+    return any(o.get("output_type") == "error" for o in cell.get("outputs", []))
 
-    nb = nbformat.read(path, as_version=4)
-    km = IvraloKernelManager.for_settings(**_settings(workspace, memory_limit, grants))
-    client = NotebookClient(nb, km=km, timeout=timeout, allow_errors=True, resources={"metadata": {"path": workspace}})
+
+def _killed(cell: Any) -> bool:
+    """The host killed this cell's kernel (deadline, memory) and answered the cell in its place."""
+    return any(o.get("ename") == "KernelKilled" for o in cell.get("outputs", []))
+
+
+async def _fresh_kernel(client: Any, km: IvraloKernelManager, replaced: int) -> None:
+    """Wait for the kernel the host starts in the killed one's place, so that the next cell runs
+    there (sent sooner, it would be answered "did not run")."""
+    deadline = time.monotonic() + client.startup_timeout
+    while getattr(km.provisioner, "replacements", replaced) == replaced:
+        if time.monotonic() > deadline or not await km.is_alive():
+            return  # no replacement came: the next cell meets whatever is there, and says so
+        await asyncio.sleep(0.05)
+    await client.kc.wait_for_ready(timeout=client.startup_timeout)
+
+
+async def _execute(nb: Any, workspace: str, settings: Mapping[str, Any]) -> tuple[list[int], str | None]:
+    """Run every code cell of ``nb`` in place; return the kernel's tree (as it was before shutdown)
+    and why the run stopped early, if it did (the kernel died, or nbclient's backstop fired)."""
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellTimeoutError, DeadKernelError
+
+    km = IvraloKernelManager.for_settings(**{**settings, "workspace": workspace})
+    client = NotebookClient(nb, km=km, allow_errors=True, resources={"metadata": {"path": workspace}})
     tree: list[int] = []
+    stopped = None
     try:
         client.reset_execution_trackers()
         # What async_execute does, minus its teardown: the tree is looked at before shutdown.
         async with client.async_setup_kernel(cleanup_kc=False):
+            client.timeout = _nbclient_timeout(km)
             for index, cell in enumerate(nb.cells):
-                await client.async_execute_cell(cell, index, execution_count=client.code_cells_executed + 1)
+                replaced = getattr(km.provisioner, "replacements", 0)
+                try:
+                    await client.async_execute_cell(cell, index, execution_count=client.code_cells_executed + 1)
+                    if _killed(cell):
+                        await _fresh_kernel(client, km, replaced)
+                except (CellTimeoutError, DeadKernelError) as exc:
+                    stopped = f"cell {index + 1}: {type(exc).__name__}: {str(exc).strip().splitlines()[0]}"
+                    break
             tree = tree_of(getattr(km.provisioner, "pid", 0)) if km.provisioner else []
     finally:  # nbclient leaves a manager it was handed running: stop it, and the whole tree with it
         if client.kc is not None:
             client.kc.stop_channels()
         if km.has_kernel:
             await km.shutdown_kernel(now=False)
-    failed = 0
-    for cell in nb.cells:
-        if cell.cell_type != "code":
-            continue
+    return tree, stopped
+
+
+async def _run_notebook(path: Path, workspace: str, settings: Mapping[str, Any]) -> int:
+    import nbformat
+
+    nb = nbformat.read(path, as_version=4)
+    tree, stopped = await _execute(nb, workspace, settings)
+    code_cells = [cell for cell in nb.cells if cell.cell_type == "code"]
+    for cell in code_cells:
         _print_cell(cell.get("execution_count") or 0, cell.source, cell.get("outputs", []))
-        failed += any(o.get("output_type") == "error" for o in cell.get("outputs", []))
-    print(f"ran {path.name}: {sum(c.cell_type == 'code' for c in nb.cells)} code cells, {failed} with an error")
+    failed = sum(_failed(cell) for cell in code_cells)
+    print(f"ran {path.name}: {len(code_cells)} code cells, {failed} with an error")
     left = still_running(tree)
     print(f"after shutdown: {len(tree)} processes were in the kernel's tree, {len(left)} still running {left or ''}")
+    if stopped:
+        print(f"ivralo-kernel run: {path.name}: stopped at {stopped}", file=sys.stderr)
+        return 1
+    if failed:
+        print(f"ivralo-kernel run: {path.name}: {failed} of {len(code_cells)} code cells failed", file=sys.stderr)
+        return 1
     return 0
 
 
-async def _run_script(
-    path: Path, workspace: str, memory_limit: int | None, timeout: float, grants: tuple[str, ...]
-) -> int:
-    from ivralo_kernel.host import Session, WorkerConfig
+async def _run_script(path: Path, workspace: str, settings: Mapping[str, Any]) -> int:
+    import nbformat
 
-    config = WorkerConfig(deadline_ms=int(timeout * 1000), memory_limit_bytes=memory_limit)
-    async with Session(workspace=workspace, config=config, grants=grants) as session:
-        result = await session.run(path.read_text(encoding="utf-8"))
-    if isinstance(result, str):
-        print(result, end="")
-        return 0
-    print(result["result"], end="")
-    print(result["error"])
-    return 1
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(path.read_text(encoding="utf-8"))])
+    _, stopped = await _execute(nb, workspace, settings)
+    print(_cell_text(nb.cells[0].get("outputs", [])), end="")
+    if stopped:
+        print(f"ivralo-kernel run: {path.name}: stopped at {stopped}", file=sys.stderr)
+    return 1 if stopped or _failed(nb.cells[0]) else 0
 
 
-def run_file(
-    file: str, workspace: str | None, memory_limit: int | None, timeout: float, grants: tuple[str, ...] = ()
-) -> int:
+def run_file(file: str, workspace: str | None, settings: Mapping[str, Any] | None = None) -> int:
+    """Run ``file``; 0 when every cell ran without an error, else 1. ``settings``: the kernel's, over
+    the config files' (IvraloSettings' names: deadline_ms, memory_limit_bytes, grants, ...)."""
     path = Path(file).resolve()
     if not path.is_file():
         raise IvraloError(f"{file}: no such file. Give the path of a .ipynb or .py file.")
     folder = os.path.realpath(workspace or path.parent)
     if path.suffix == ".ipynb":
-        return asyncio.run(_run_notebook(path, folder, memory_limit, timeout, grants))
+        return asyncio.run(_run_notebook(path, folder, settings or {}))
     if path.suffix == ".py":
-        return asyncio.run(_run_script(path, folder, memory_limit, timeout, grants))
+        return asyncio.run(_run_script(path, folder, settings or {}))
     raise IvraloError(f"{file}: not a notebook or a Python file. Give a .ipynb or .py file.")

@@ -178,7 +178,7 @@ class BrokerResponder:
             known = ", ".join(sorted(self.operations)) or "none"
             raise OperationError(f"unknown operation {name!r} (this host knows: {known})")
         if op.grant_name not in self.grants:
-            raise OperationError(f'refused: this specialist has no "{op.grant_name}" grant (needed by {name})')
+            raise OperationError(f'refused: this kernel has no "{op.grant_name}" grant (needed by {name})')
         params = op.check(payload.get("params", {}))
 
         def job() -> BrokerAnswer:
@@ -203,7 +203,7 @@ class BrokerResponder:
             raise QueryRefused("malformed query: give the database's name and the SQL text")
         name, sql, params = payload["database"][:100], payload.get("query"), payload.get("params") or {}
         if GRANT_DATABASES not in self.grants:
-            raise QueryRefused(f'refused: this specialist has no "{GRANT_DATABASES}" grant')
+            raise QueryRefused(f'refused: this kernel has no "{GRANT_DATABASES}" grant')
         entry = self.databases.entries.get(name)
         if entry is None:
             known = ", ".join(sorted(self.databases.entries)) or "none (add one to databases.json)"

@@ -5,9 +5,9 @@ Three config sections, from the widest to the narrowest (traitlets applies them 
 
 - ``IvraloSettings``: every kernel, whoever starts it;
 - ``IvraloProvisioner``: kernels that Jupyter's hosts start (JupyterLab, ``jupyter console``, nbclient,
-  VS Code through a kernel gateway), and, since an agent's kernel is started by the same provisioner,
+  VS Code, ``ivralo-kernel run``), and, since an agent's kernel is started by the same provisioner,
   agents too;
-- ``IvraloAgent``: kernels of the agent API (``Session``, ``WorkerPool``, ``ivralo-kernel run``), whose
+- ``IvraloAgent``: kernels of the agent API (``Session``, ``WorkerPool``, ``ivralo-kernel doctor``), whose
   defaults follow the worker reference (a 60 s deadline, a 4 GiB soft memory limit).
 
 Every host reads them from ``jupyter_ivralo_config.py`` / ``.json`` on Jupyter's config path, then from
@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from traitlets import Bool, Enum, Float, Int, List, Unicode
+from traitlets import Bool, Enum, Float, Int, List, Unicode, default
 from traitlets.config import Config, Configurable
 
 from ivralo_kernel.host.config_files import CONFIG_FILE, config_files
@@ -33,6 +33,7 @@ from ivralo_kernel.protocol.credentials import CREDENTIAL_STORES
 
 GIB = 1 << 30
 MIB = 1 << 20
+GRACE_MS = 2_000
 
 
 class Count(Int):  # type: ignore[type-arg]
@@ -105,7 +106,18 @@ class IvraloSettings(Configurable):  # type: ignore[misc]
     interrupt_before_kill = Flag(
         True, config=True, help="Interrupt first at the deadline, so the namespace can survive."
     )
-    interrupt_grace_ms = Count(2_000, config=True, help="How long an interrupted cell gets to end, in ms.")
+    interrupt_grace_ms = Count(
+        GRACE_MS,
+        config=True,
+        help=f"How long an interrupted cell gets to end, in ms, before the tree is killed. Default: {GRACE_MS}, "
+        "or half the deadline when that is shorter (a 1 s deadline needs no flag more); a value given must be "
+        "below the deadline.",
+    )
+
+    @default("interrupt_grace_ms")
+    def _grace_within_the_deadline(self) -> int:
+        deadline = self.deadline_ms
+        return GRACE_MS if deadline is None else max(1, min(GRACE_MS, deadline // 2))
     memory_limit_bytes = Count(
         None,
         config=True,
