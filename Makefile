@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 
-.PHONY: demo test test-fast lab lint bench install clean
+.PHONY: demo test test-fast lab console lint bench install clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -54,6 +54,10 @@ lint: $(VENV)/.installed-test
 
 lab: $(VENV)/.installed-lab
 	$(VENV)/bin/jupyter lab --notebook-dir=notebooks
+
+# The same kernel and host side as JupyterLab's, in a terminal (jupyter-console is in the lab extra).
+console: $(VENV)/.installed-lab
+	$(VENV)/bin/jupyter console --kernel ivralo
 
 bench: $(VENV)/.installed-test
 	$(PY) bench/startup_latency.py

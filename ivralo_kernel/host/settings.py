@@ -118,6 +118,7 @@ class IvraloSettings(Configurable):  # type: ignore[misc]
     def _grace_within_the_deadline(self) -> int:
         deadline = self.deadline_ms
         return GRACE_MS if deadline is None else max(1, min(GRACE_MS, deadline // 2))
+
     memory_limit_bytes = Count(
         None,
         config=True,
