@@ -9,6 +9,8 @@ from typing import Any
 
 from jupyter_client.blocking.client import BlockingKernelClient
 
+from ivralo_kernel.host.outputs import CellOutput
+
 
 @dataclass
 class Executed:
@@ -25,6 +27,7 @@ class Executed:
 def execute(kc: BlockingKernelClient, code: str, timeout: float = 30, **kwargs: Any) -> Executed:
     msg_id = kc.execute(code, **kwargs)
     result = Executed(reply={})
+    shown = CellOutput()  # the product's own collector (Session's and run's)
     deadline = time.monotonic() + timeout
     while True:
         remaining = deadline - time.monotonic()
@@ -40,12 +43,10 @@ def execute(kc: BlockingKernelClient, code: str, timeout: float = 30, **kwargs: 
         if kind == "status" and msg["content"]["execution_state"] == "idle":
             break
         if kind == "stream":
-            if msg["content"]["name"] == "stdout":
-                result.stdout += msg["content"]["text"]
-            else:
-                result.stderr += msg["content"]["text"]
+            shown.add(msg)
         elif kind not in ("status", "execute_input"):
             result.outputs.append(msg)
+    result.stdout, result.stderr = shown.streams.get("stdout", ""), shown.streams.get("stderr", "")
     while True:
         reply = kc.get_shell_msg(timeout=max(0.1, deadline - time.monotonic()))
         if reply["parent_header"].get("msg_id") == msg_id:
@@ -61,6 +62,7 @@ def answering(
     msg_id = kc.execute(code, allow_stdin=True)
     prompts: list[str] = []
     result = Executed(reply={})
+    shown = CellOutput()
     deadline = time.monotonic() + timeout
     idle = False
     while not idle:
@@ -81,10 +83,8 @@ def answering(
             continue
         kind = msg["header"]["msg_type"]
         if kind == "stream":
-            if msg["content"]["name"] == "stdout":
-                result.stdout += msg["content"]["text"]
-            else:
-                result.stderr += msg["content"]["text"]
+            shown.add(msg)
+            result.stdout, result.stderr = shown.streams.get("stdout", ""), shown.streams.get("stderr", "")
         elif kind == "status":
             idle = msg["content"]["execution_state"] == "idle"
         elif kind != "execute_input":

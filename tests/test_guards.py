@@ -196,3 +196,5 @@ def test_a_refusal_reads_as_the_line_that_tried_and_its_sentence(
     assert error in traceback, traceback
     assert "ivralo_kernel" not in traceback and "_hooks.py" not in traceback, traceback
     assert "Cell In[" in traceback, traceback
+    # A notebook's kernel speaks to the person: the sentence written for an agent is left out.
+    assert "refused:" in traceback and "Stop and tell the person" not in traceback, traceback

@@ -197,7 +197,7 @@ def test_the_launch_policy_defaults_are_the_models() -> None:
     from ivralo_kernel.protocol import KernelPolicy
 
     model, policy = IvraloSettings(), KernelPolicy(workspace="/w")
-    for name in ("role", "deadline_ms", "interrupt_grace_ms", "memory_limit_bytes", "rlimit_nofile", "landlock"):
+    for name in ("role", "audience", "deadline_ms", "interrupt_grace_ms", "memory_limit_bytes", "rlimit_nofile"):
         assert getattr(policy, name) == getattr(model, name), name
-    for name in ("landlock_network", "history_cap_bytes", "history_cap_count"):
+    for name in ("landlock", "landlock_network", "history_cap_bytes", "history_cap_count"):
         assert getattr(policy, name) == getattr(model, name), name

@@ -40,18 +40,7 @@ def _nbclient_timeout(km: IvraloKernelManager) -> int | None:
 
 
 def _cell_text(outputs: list[dict[str, Any]]) -> str:
-    collected = CellOutput()
-    for output in outputs:
-        kind = output.get("output_type")
-        if kind == "stream":
-            collected.parts.append(output.get("text", ""))
-        elif kind in ("execute_result", "display_data"):
-            text = output.get("data", {}).get("text/plain")
-            if text:
-                collected.parts.append(text + "\n")
-        elif kind == "error":
-            collected.parts.append("\n".join(output.get("traceback", [])) + "\n")
-    return collected.text
+    return CellOutput.from_notebook(outputs).shown
 
 
 def _print_cell(number: int, source: str, outputs: list[dict[str, Any]]) -> None:

@@ -23,7 +23,7 @@ from typing import Any
 
 from ivralo_kernel.guards.fs import FsPolicy, decide_read, decide_write, resolve
 from ivralo_kernel.guards.history import History
-from ivralo_kernel.protocol import GuardRefusal, TrustGateError
+from ivralo_kernel.protocol import GuardRefusal, TrustGateError, audience
 
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 OWN_PACKAGE = __name__.split(".")[0]
@@ -208,7 +208,7 @@ class TrustGate:
                 f"{fullname!r} lives in {self.workspace}, a folder that is not trusted, so the trust gate does "
                 f"not import its own code (an import picks a file up by its name alone; a file run on purpose "
                 f"by its path, as %run does, is not gated, but its own imports of the folder's modules are). "
-                f"Stop and tell the person; they can trust the folder with: ivralo-kernel trust {self.workspace}",
+                f"To import it, trust the folder: ivralo-kernel trust {self.workspace}. {audience.TELL_THE_PERSON}",
                 name=fullname,
             )
 

@@ -16,14 +16,15 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from ivralo_kernel.protocol import GuardRefusal, names
+from ivralo_kernel.protocol import GuardRefusal, audience, names
 
 CLOSED_DIRS = (".git", ".ivralo")
 CONFIG_FILES = frozenset(
     {"permissions.json", "databases.json", "mcp.json", "schedules.json", "google-token.json", "token.json"}
 )
 CONFIG_DIRS = frozenset({"skills.local"})
-STOP = "Stop and tell the person about it, rather than looking for another way."
+READONLY_AGENT = "this session's Python only reads"
+STOP = audience.TELL_THE_PERSON
 
 
 @dataclass(frozen=True)
@@ -80,8 +81,11 @@ def decide_write(operation: str, path: str, policy: FsPolicy, starting: bool = F
         return None
     if policy.readonly:
         return refuse(
-            "this session's Python only reads",
-            "Change files with edit_file or write_file, which show the change to the person for approval.",
+            audience.for_audience(person="this kernel only reads (its role is readonly)", agent=READONLY_AGENT),
+            audience.for_audience(
+                person="Change files outside this kernel, or start a kernel whose role may write.",
+                agent="Change files with edit_file or write_file, which show the change to the person for approval.",
+            ),
         )
     if not _inside(path, policy.workspace):
         return refuse(f"it is outside the workspace {policy.workspace}", f"Write inside the workspace. {STOP}")

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ivralo_kernel.guards.local_links import LocalLinks
+from ivralo_kernel.protocol import audience
 from ivralo_kernel.protocol.egress import PORTS_OF_A_HOST_WITHOUT_PORT, is_loopback
 
 Judge = Callable[[str, "int | None"], "tuple[bool, str]"]
@@ -127,7 +128,7 @@ class NetworkGuard:
                 # person's machine is reached only through the proxy, so nothing here is judged.
                 return
             self._note(host, port, "refused (no direct network in the sandbox)")
-            raise socket.gaierror(socket.EAI_NONAME, self.direct_refusal.format(host=host))
+            raise socket.gaierror(socket.EAI_NONAME, audience.addressed(self.direct_refusal.format(host=host)))
         key = (host, port)
         decision = self._decisions.get(key)
         if decision is None:
@@ -140,9 +141,11 @@ class NetworkGuard:
         if not allowed:
             raise socket.gaierror(
                 socket.EAI_NONAME,
-                f"ivralo network guard: {host} refused ({reason}). Code here may reach only allowed hosts; "
-                f"to allow it, the person adds it to .ivralo/permissions.json under hosts.allow, or answers "
-                f"yes when asked. Stop and tell the person, rather than looking for another way.",
+                audience.addressed(
+                    f"ivralo network guard: {host} refused ({reason}). Code here may reach only allowed hosts; "
+                    f"to allow it, the person adds it to .ivralo/permissions.json under hosts.allow, or answers "
+                    f"yes when asked. {audience.TELL_THE_PERSON}"
+                ),
             )
 
     def _learn_addresses(self, host: str, port: int | None) -> None:
@@ -191,11 +194,11 @@ class NetworkGuard:
 def floor_refusal(host: str, port: int, floor: tuple[int, ...]) -> str:
     allowed = f"ports {', '.join(map(str, floor))}" if floor else "no port at all (no host was allowed then)"
     always = ' (or answers "always" when asked)' if port in PORTS_OF_A_HOST_WITHOUT_PORT else ""
-    return (
+    return audience.addressed(
         f"ivralo network guard: {host} port {port} is allowed, but this kernel's TCP floor (Landlock, "
         f"fixed when the kernel started) lets its processes connect only to {allowed}. To reach it, the "
         f'person adds "{host}:{port}" to .ivralo/permissions.json under hosts.allow{always} and restarts '
-        f"the kernel. Stop and tell the person, rather than looking for another way."
+        f"the kernel. {audience.TELL_THE_PERSON}"
     )
 
 

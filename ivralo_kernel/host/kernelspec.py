@@ -25,6 +25,7 @@ def kernel_argv(python: str | None = None) -> list[str]:
 RAW_LAUNCH_ENV = {
     "sandbox": names.ENV_SANDBOX_SETTING,
     "role": names.ENV_ROLE,
+    "audience": names.ENV_AUDIENCE,
     "deadline_ms": names.ENV_DEADLINE_MS,
     "interrupt_grace_ms": names.ENV_INTERRUPT_GRACE_MS,
     "memory_limit_bytes": names.ENV_MEMORY_LIMIT,

@@ -1,4 +1,6 @@
-"""[host] Turn a cell's IOPub messages into the agent contract: a ``str``, or an error dict."""
+"""[host] What a cell showed, as plain text: the one output collector of ``Session`` (IOPub
+messages, for the agent contract: a ``str``, or an error dict), ``ivralo-kernel run`` (a notebook's
+saved outputs) and the tests."""
 
 from __future__ import annotations
 
@@ -19,11 +21,26 @@ class CellOutput:
 
     parts: list[str] = field(default_factory=list)
     error: str | None = None
+    streams: dict[str, str] = field(default_factory=dict)  # "stdout"/"stderr" -> its text alone
+
+    @classmethod
+    def from_notebook(cls, outputs: list[dict[str, Any]]) -> CellOutput:
+        """A saved cell's outputs (nbformat's: the same fields as IOPub's contents)."""
+        collected = cls()
+        for output in outputs:
+            collected.add_content(str(output.get("output_type")), output)
+        return collected
 
     def add(self, msg: dict[str, Any]) -> None:
-        kind, content = msg["header"]["msg_type"], msg["content"]
+        """One IOPub message of the cell."""
+        self.add_content(msg["header"]["msg_type"], msg["content"])
+
+    def add_content(self, kind: str, content: dict[str, Any]) -> None:
         if kind == "stream":
-            self.parts.append(content.get("text", ""))
+            text = content.get("text", "")
+            self.parts.append(text)
+            name = str(content.get("name", "stdout"))
+            self.streams[name] = self.streams.get(name, "") + text
         elif kind in ("execute_result", "display_data"):
             text = content.get("data", {}).get("text/plain")
             if text is not None:
@@ -37,6 +54,11 @@ class CellOutput:
     @property
     def text(self) -> str:
         return strip_ansi("".join(self.parts))
+
+    @property
+    def shown(self) -> str:
+        """What a person reading the notebook sees under the cell: the output, then the traceback."""
+        return self.text + (self.error + "\n" if self.error is not None else "")
 
 
 def error_result(result: str, error: str, status: str = "error") -> dict[str, str]:

@@ -93,6 +93,7 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
         return KernelPolicy(
             workspace=os.path.realpath(self.workspace or cwd),
             role=self.role,
+            audience=self.audience,
             memory_limit_bytes=self.memory_limit_bytes,
             rlimit_nofile=self.rlimit_nofile,
             deadline_ms=self.deadline_ms,

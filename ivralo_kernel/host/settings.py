@@ -29,6 +29,7 @@ from ivralo_kernel.host.config_files import CONFIG_FILE, config_files
 from ivralo_kernel.host.kernelspec import raw_launch_env
 from ivralo_kernel.host.sandbox import TOOL_FILES_DEFAULT
 from ivralo_kernel.protocol import ConfigError, names
+from ivralo_kernel.protocol.audience import AGENT, AUDIENCES, PERSON
 from ivralo_kernel.protocol.credentials import CREDENTIAL_STORES
 
 GIB = 1 << 30
@@ -95,6 +96,13 @@ class IvraloSettings(Configurable):  # type: ignore[misc]
         default_value=names.ROLE_SPECIALIST,
         config=True,
         help="specialist, or readonly (every write refused).",
+    )
+    audience = Choice(
+        AUDIENCES,
+        default_value=PERSON,
+        config=True,
+        help="Who reads the kernel's refusals: person (a notebook, a console: the refusal names what and why, "
+        "and what the person can do) or agent (an agent's tool: it also tells the agent to stop and say so).",
     )
     deadline_ms = Count(
         None,
@@ -234,6 +242,7 @@ class IvraloAgent(IvraloSettings):
         4 * GIB, allow_none=True, config=True, help=IvraloSettings.memory_soft_limit_bytes.help
     )
     replace_killed_kernel = Flag(False, config=True, help=IvraloSettings.replace_killed_kernel.help)
+    audience = Choice(AUDIENCES, default_value=AGENT, config=True, help=IvraloSettings.audience.help)
 
     bootstrap_timeout_ms = Count(
         60_000, config=True, help="How long a new worker gets to answer its first kernel_info, in ms."

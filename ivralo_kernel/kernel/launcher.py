@@ -39,7 +39,7 @@ from ivralo_kernel.kernel.egress_judge import egress_judge
 from ivralo_kernel.kernel.launch_state import STATE
 from ivralo_kernel.kernel.sandbox_report import SANDBOX_DIRECT_REFUSAL, fallback_note, sandbox_layers
 from ivralo_kernel.kernel.stages import SupervisorPipe, write_failure
-from ivralo_kernel.protocol import KernelPolicy, default_memory_limit, names
+from ivralo_kernel.protocol import KernelPolicy, audience, default_memory_limit, names
 from ivralo_kernel.protocol.credentials import config_home, credential_store_paths, home_config_inside
 from ivralo_kernel.protocol.egress import load_egress_policy
 from ivralo_kernel.protocol.trust import is_trusted
@@ -244,6 +244,7 @@ def main() -> None:
     workspace = os.getcwd()
     try:
         policy = KernelPolicy.from_env(os.environ, workspace)  # step 3
+        audience.set_audience(policy.audience)  # the guards' refusals speak to their reader
         workspace = os.path.realpath(policy.workspace)
         os.chdir(workspace)
         os.environ[names.ENV_WORKSPACE] = workspace

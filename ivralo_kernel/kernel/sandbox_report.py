@@ -7,7 +7,7 @@ else is the reason there is none (the fallback). ``kernel_info``'s ``ivralo.laye
 
 from __future__ import annotations
 
-from ivralo_kernel.protocol import names
+from ivralo_kernel.protocol import audience, names
 
 SANDBOX_LAYER = (
     "bwrap: user, mount, pid, ipc, uts, net and cgroup namespaces; root file system read-only, workspace "
@@ -29,7 +29,7 @@ SANDBOX_DIRECT_REFUSAL = (
     "ivralo's sandbox, which has no network of its own and does no DNS. HTTP and HTTPS go through "
     "ivralo's proxy, which asks about hosts it does not know (requests, urllib, httpx, pip, curl and "
     "git use it by themselves, through HTTPS_PROXY); for a database, use ivralo.sql with databases.json. "
-    "Stop and tell the person, rather than looking for another way."
+    + audience.TELL_THE_PERSON
 )
 
 

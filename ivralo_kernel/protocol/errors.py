@@ -11,6 +11,8 @@ so code that catches ``ValueError`` or ``RuntimeError`` keeps working::
 
 from __future__ import annotations
 
+from ivralo_kernel.protocol import audience
+
 
 class IvraloError(Exception):
     """Base of every error ivralo-kernel raises on purpose."""
@@ -41,7 +43,7 @@ class GuardRefusal(IvraloError, PermissionError):
 
     def __init__(self, *, guard: str, operation: str, target: str, why: str, instead: str) -> None:
         self.guard, self.operation, self.target = guard, operation, target
-        message = f"ivralo {guard}: {operation} {target!r} refused: {why}. {instead}"
+        message = audience.addressed(f"ivralo {guard}: {operation} {target!r} refused: {why}. {instead}")
         super().__init__(13, message)  # errno EACCES, like the OS's own refusal
 
     def __str__(self) -> str:
@@ -50,3 +52,6 @@ class GuardRefusal(IvraloError, PermissionError):
 
 class TrustGateError(IvraloError, ImportError):
     """A module that lives in an untrusted workspace was imported."""
+
+    def __init__(self, message: str, *, name: str | None = None) -> None:
+        super().__init__(audience.addressed(message), name=name)

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from ivralo_kernel.protocol import names
+from ivralo_kernel.protocol.audience import AUDIENCES
 from ivralo_kernel.protocol.errors import ConfigError
 
 GIB = 1 << 30
@@ -54,8 +55,14 @@ class KernelPolicy:
     landlock_network: bool = False
     # Absolute paths the kernel may not read (credential stores); None: the default list.
     credential_stores: tuple[str, ...] | None = None
+    # Who reads the refusals (protocol.audience): a person at a notebook, or an agent's tool.
+    audience: str = "person"
 
     def __post_init__(self) -> None:
+        if self.audience not in AUDIENCES:
+            raise ConfigError(
+                "audience", f"{self.audience!r} is not an audience", f"Use one of: {', '.join(AUDIENCES)}"
+            )
         if self.role not in names.ROLES:
             raise ConfigError("role", f"{self.role!r} is not a role", f"Use one of: {', '.join(names.ROLES)}")
         for field in (
@@ -97,6 +104,8 @@ class KernelPolicy:
             fields["landlock_network"] = True
         if env.get(names.ENV_ROLE):
             fields["role"] = env[names.ENV_ROLE]
+        if env.get(names.ENV_AUDIENCE):
+            fields["audience"] = env[names.ENV_AUDIENCE]
         for var, field in (
             (names.ENV_MEMORY_LIMIT, "memory_limit_bytes"),
             (names.ENV_RLIMIT_NOFILE, "rlimit_nofile"),
