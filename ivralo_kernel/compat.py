@@ -7,10 +7,10 @@ in pyproject.toml allow newer minor versions, which may rename or reshape any of
 and a test that fails when an installed version is not the one checked here. After an upgrade, run
 it first, fix what it names, then update ``CHECKED_WITH``.
 
-Rooms: this module imports no third-party package at its top and no ivralo room. The kernel's code
-(which may use ipykernel and IPython) and the host's (jupyter_client) share it; an entry that needs a
-library imports it in its own body, and ``tests/test_layering.py`` checks that each room uses only
-the entries whose imports it may make.
+Rooms: this module imports no third-party package at its top and no ivralo room (protocol alone
+would be allowed: both processes run it). The kernel's code (which may use ipykernel and IPython)
+and the host's (jupyter_client) share it; an entry that needs a library imports it in its own body,
+and ``tests/test_layering.py`` checks that each room uses only the entries whose imports it may make.
 
 ipykernel calls the methods it lets subclasses override by their private names, so those overrides
 are methods of the mixins below (``KernelOverrides``, ``KernelAppOverrides``), placed before

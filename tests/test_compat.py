@@ -225,7 +225,14 @@ def test_shell_parent_ident_is_the_requester_in_any_thread(probe: Probe) -> None
         f"during a shell request from b'client-1' it gave {requesters}",
     )
     seen_by_thread: list[Any] = []
-    thread = threading.Thread(target=lambda: seen_by_thread.append(compat.shell_parent_ident(probe.kernel)))
+
+    def look() -> None:
+        try:
+            seen_by_thread.append(compat.shell_parent_ident(probe.kernel))
+        except Exception as error:  # reported below, with what to re-check
+            seen_by_thread.append(error)
+
+    thread = threading.Thread(target=look)
     thread.start()
     thread.join()
     assert seen_by_thread == [[b"client-1"]], changed(
@@ -336,7 +343,11 @@ def test_cancel_on_sigint_is_what_ipykernel_wraps_an_awaiting_cell_in() -> None:
     assert done.returncode == 0 and done.stdout.startswith("cancelled after"), changed(
         "ipykernel.ipkernel.IPythonKernel._cancel_on_sigint", entry, f"the child said {done.stdout!r} {done.stderr!r}"
     )
-    assert float(done.stdout.split()[2]) < 5, done.stdout
+    assert float(done.stdout.split()[2]) < 5, changed(
+        "ipykernel.ipkernel.IPythonKernel._cancel_on_sigint",
+        entry,
+        f"SIGINT reached the awaiting cell late: {done.stdout}",
+    )
 
 
 # -- IPython -------------------------------------------------------------------------------------
@@ -370,7 +381,7 @@ def test_showtraceback_shows_a_custom_handlers_traceback() -> None:
     assert done.returncode == 0 and shown, changed(
         "IPython.core.interactiveshell.InteractiveShell._showtraceback",
         compat.show_traceback,
-        f"the child said {done.stdout!r} {done.stderr!r}",
+        f"the child said {done.stdout[-1500:]!r} {done.stderr[-1500:]!r}",
     )
 
 
