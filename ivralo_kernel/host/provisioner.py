@@ -27,6 +27,7 @@ from jupyter_client.launcher import launch_kernel
 from jupyter_client.provisioning.local_provisioner import LocalProvisioner
 from traitlets.config import Config
 
+from ivralo_kernel import compat
 from ivralo_kernel.host.announce import answer_lost_execution
 from ivralo_kernel.host.broker import BrokerResponder
 from ivralo_kernel.host.channel_relay import ChannelRelay
@@ -289,7 +290,7 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
         # Pipes, never the host's own descriptors: code in the kernel could otherwise write, seek or
         # truncate the file the host logs to, or send a terminal's ioctls to the person's terminal.
         kwargs["stdout"] = kwargs["stderr"] = subprocess.PIPE
-        self._launch_args = (list(cmd), LocalProvisioner._scrub_kwargs(kwargs))
+        self._launch_args = (list(cmd), compat.popen_kwargs(kwargs))
         info = await super().launch_kernel(cmd, **kwargs)
         relay_output(self.process)
         return info
@@ -367,9 +368,8 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
                 self.parent.cleanup_ipc_files()
             env = dict(kwargs.get("env") or os.environ)
             env[names.ENV_REPLACEMENT] = "1"  # it holds requests until its IOPub subscribers are back
-            self.process = launch_kernel(cmd, **{**kwargs, "env": env})
+            compat.adopt_process(self, launch_kernel(cmd, **{**kwargs, "env": env}))
             relay_output(self.process)
-            self.pid = self.pgid = self.process.pid  # a session leader: pid = pgid
             self._supervisor = None
             self.replacements += 1
             self.log.warning("ivralo: replaced the kernel after %s (%d so far)", loss.cause, self.replacements)

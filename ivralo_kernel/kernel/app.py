@@ -20,6 +20,8 @@ import zmq
 from ipykernel.kernelapp import IPKernelApp
 from traitlets import default
 
+from ivralo_kernel import compat
+
 HISTORY_IN_MEMORY = "--HistoryManager.hist_file=:memory:"
 _HISTORY_FLAG = "--HistoryManager.hist_file"
 
@@ -41,7 +43,7 @@ def without_history_file(argv: list[str]) -> list[str]:
     return kept
 
 
-class IvraloKernelApp(IPKernelApp):  # type: ignore[misc]
+class IvraloKernelApp(compat.KernelAppOverrides, IPKernelApp):  # type: ignore[misc]
     @default("log_format")
     def _log_format_default(self) -> str:
         # traitlets names the logger after the class: "[IvraloKernelApp]" is a prefix no client knows.
@@ -50,8 +52,8 @@ class IvraloKernelApp(IPKernelApp):  # type: ignore[misc]
     def initialize(self, argv: list[str] | None = None) -> None:
         super().initialize([*without_history_file(list(argv or [])), HISTORY_IN_MEMORY])
 
-    def _bind_socket(self, s: Any, port: int) -> Any:
-        # ipykernel binds each channel here, right after creating its socket (init_iopub).
-        if s.socket_type == zmq.XPUB:
-            s.setsockopt(zmq.XPUB_VERBOSE, 1)
-        return super()._bind_socket(s, port)
+    def before_bind(self, socket: Any) -> None:
+        # (ipykernel's _bind_socket, through compat.KernelAppOverrides) IOPub's XPUB, before any
+        # subscriber can connect.
+        if socket.type == zmq.XPUB:
+            socket.setsockopt(zmq.XPUB_VERBOSE, 1)

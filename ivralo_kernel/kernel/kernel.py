@@ -18,14 +18,12 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 from ipykernel.ipkernel import IPythonKernel
 
 import ivralo_kernel.guards as guards_package
-from ivralo_kernel import __version__
+from ivralo_kernel import __version__, compat
 from ivralo_kernel.guards.network import hosts_tried_line
 from ivralo_kernel.kernel import api
 from ivralo_kernel.kernel.broker_client import BROKER, HOST_CONNECT_TIMEOUT_S
@@ -46,7 +44,10 @@ SUBSHELLS_REFUSED = (
 )
 
 
-class IvraloKernel(IPythonKernel):
+class IvraloKernel(compat.KernelOverrides, IPythonKernel):
+    """ipykernel's private methods it overrides are in ``compat.KernelOverrides``, which calls
+    ``publish_own_status`` here; SIGINT's cancelling of awaiting cells is fixed there too."""
+
     implementation = names.IMPLEMENTATION
     implementation_version = __version__
     control_msg_types = [*IPythonKernel.control_msg_types, *names.CONTROL_MSG_TYPES]  # noqa: RUF012 - ipykernel API
@@ -54,8 +55,8 @@ class IvraloKernel(IPythonKernel):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         # Same message type, different channel: only the control route changes.
-        self.control_handlers["execute_request"] = self._refuse_control_execute
-        self.control_handlers["create_subshell_request"] = self._refuse_subshell
+        compat.route_control(self, "execute_request", self._refuse_control_execute)
+        compat.route_control(self, "create_subshell_request", self._refuse_subshell)
         self.deadline_notices = DeadlineNotices()
         self._executing: str | None = None
         self._executing_parent: tuple[dict[str, Any], Any] | None = None  # (request, its stdin identity)
@@ -142,7 +143,7 @@ class IvraloKernel(IPythonKernel):
         self._executing = msg_id
         # For a question asked from another thread (the egress proxy's): the input request must name
         # this execution as its parent, or a frontend ignores it (jupyter console does).
-        self._executing_parent = (parent, self._get_shell_context_var(self._shell_parent_ident))
+        self._executing_parent = (parent, compat.shell_parent_ident(self))
         if STATE.network is not None:
             STATE.network.take_attempts()  # each cell lists only the hosts it tried
         BROKER.take_records()
@@ -170,25 +171,6 @@ class IvraloKernel(IPythonKernel):
             self._executing = None
             self._executing_parent = None
             self.deadline_notices.discard(msg_id)
-
-    @contextmanager
-    def _cancel_on_sigint(self, future: asyncio.Future[Any]) -> Iterator[None]:
-        """SIGINT cancels an awaiting cell at once (ipykernel#881).
-
-        ipykernel queues the cancellation with tornado's ``add_callback``, which on the loop's own
-        thread uses a plain ``call_soon``: the self-pipe is never written, ``select()`` keeps
-        sleeping, and ``await asyncio.sleep(30)`` ends 30 s later. ``call_soon_threadsafe`` wakes it.
-        """
-        loop = asyncio.get_running_loop()
-
-        def handle_sigint(*_: object) -> None:
-            loop.call_soon_threadsafe(lambda: future.done() or future.cancel())
-
-        previous = signal.signal(signal.SIGINT, handle_sigint)
-        try:
-            yield
-        finally:
-            signal.signal(signal.SIGINT, previous)
 
     # -- control-channel handlers (Control thread) -----------------------------------------
     async def ivralo_deadline_notice(self, stream: Any, ident: Any, parent: dict[str, Any]) -> None:
@@ -273,26 +255,28 @@ class IvraloKernel(IPythonKernel):
         assert self.session is not None
         self.session.send(stream, msg_type, content, parent, ident)
 
-    def _publish_status(self, status: str, channel: str, parent: dict[str, Any] | None = None) -> None:
+    def publish_own_status(self, status: str, channel: str, parent: dict[str, Any] | None) -> bool:
+        """(ipykernel's ``_publish_status``, through ``compat.KernelOverrides``) True: published here,
+        or dropped; False: ipykernel publishes it as usual."""
         parent = parent or self.get_parent(channel)
         msg_type = parent.get("header", {}).get("msg_type", "")
         if channel == "control" and msg_type.startswith("ivralo_"):
-            return  # the host's own questions must not flip a frontend's busy indicator
+            return True  # the host's own questions must not flip a frontend's busy indicator
         if not (channel == "shell" and status == "busy" and msg_type == "execute_request") or self.session is None:
-            super()._publish_status(status, channel, parent)
-            return
+            return False
         # The routing identity of the requester rides along (frontends ignore unknown metadata):
         # if this execution is killed, the host answers it in its cell, on the shell port.
-        idents = self._parent_ident["shell"]
+        idents = compat.shell_parent_ident(self)
         requester: list[str] = [i.hex() for i in idents] if isinstance(idents, list) else []
         self.session.send(
             self.iopub_socket,
             "status",
             {"execution_state": status},
             parent=parent,
-            ident=self._topic("status"),
+            ident=compat.iopub_topic(self, "status"),
             metadata={names.KERNEL_INFO_SECTION: {names.META_REQUESTER: requester}},
         )
+        return True
 
 
 _GUARDS = os.path.dirname(guards_package.__file__) + os.sep
@@ -321,12 +305,12 @@ def _show_exception(shell: Any, etype: type, value: BaseException, tb: Any, tb_o
         deadline_ms = kernel.deadline_notices.get(msg_id) if isinstance(kernel, IvraloKernel) else None
         if deadline_ms is not None:
             stb = [DeadlineNotices.text(deadline_ms)]
-            shell._showtraceback(etype, value, stb)
+            compat.show_traceback(shell, etype, value, stb)
             return stb
     else:
         tb = _without_guard_frames(tb)
     stb_: list[str] = shell.InteractiveTB.structured_traceback(etype, value, tb, tb_offset=tb_offset)
-    shell._showtraceback(etype, value, stb_)
+    compat.show_traceback(shell, etype, value, stb_)
     return stb_
 
 
@@ -338,7 +322,7 @@ class _CellPrompt:
         self._kernel = kernel
 
     def available(self) -> bool:
-        return bool(self._kernel._allow_stdin) and self._kernel._executing is not None
+        return compat.stdin_allowed(self._kernel) and self._kernel._executing is not None
 
     def ask(self, prompt: str) -> str:
         kernel = self._kernel
@@ -351,7 +335,7 @@ class _CellPrompt:
                 return str(kernel.raw_input(prompt))
             # Another thread: name the running execution explicitly (a thread's context has none).
             parent, ident = running
-            return str(kernel._input_request(prompt, ident, parent, password=False))
+            return compat.input_request(kernel, prompt, ident, parent)
         finally:
             if backstop is not None:
                 backstop.resume()

@@ -1,0 +1,187 @@
+"""Every use ivralo makes of a private (underscore) name or an undocumented behaviour of ipykernel,
+IPython and jupyter_client, in this one module.
+
+Checked with ipykernel 7.4.0, IPython 9.18.1 and jupyter_client 8.10.0 (``CHECKED_WITH``). The pins
+in pyproject.toml allow newer minor versions, which may rename or reshape any of these:
+``tests/test_compat.py`` has a test per entry that fails naming the internal and what to re-check,
+and a test that fails when an installed version is not the one checked here. After an upgrade, run
+it first, fix what it names, then update ``CHECKED_WITH``.
+
+Rooms: this module imports no third-party package at its top and no ivralo room (protocol alone
+would be allowed: both processes run it). The kernel's code (which may use ipykernel and IPython)
+and the host's (jupyter_client) share it; an entry that needs a library imports it in its own body,
+and ``tests/test_layering.py`` checks that each room uses only the entries whose imports it may make.
+
+ipykernel calls the methods it lets subclasses override by their private names, so those overrides
+are methods of the mixins below (``KernelOverrides``, ``KernelAppOverrides``), placed before
+ipykernel's class in the bases. Each mixin method does only the translation, and calls a hook with an
+ivralo name that the kernel's own class implements: the policy stays in ``ivralo_kernel/kernel``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, cast
+
+CHECKED_WITH = {"ipykernel": "7.4", "IPython": "9.18", "jupyter_client": "8.10"}
+
+
+# -- kernel side: ipykernel ---------------------------------------------------------------------
+class KernelOverrides:
+    """Mixin for the kernel class (before ``IPythonKernel`` in its bases): the private methods of
+    ``ipykernel.kernelbase.Kernel`` / ``ipykernel.ipkernel.IPythonKernel`` that ivralo overrides."""
+
+    def _publish_status(self, status: str, channel: str, parent: dict[str, Any] | None = None) -> None:
+        """Overrides ``Kernel._publish_status(status, channel, parent=None)``, which ipykernel 7.4 calls
+        for every IOPub busy/idle (from ``dispatch_shell``, ``dispatch_control``,
+        ``_publish_status_and_flush``). Hands the status to ``publish_own_status`` first.
+
+        If renamed or no longer called: ivralo's own control questions flip a frontend's busy
+        indicator to idle mid-cell, and a killed execution's requester is unknown to the host (its
+        cell is never answered).
+        """
+        if not self.publish_own_status(status, channel, parent):
+            cast(Any, super())._publish_status(status, channel, parent)
+
+    def publish_own_status(self, status: str, channel: str, parent: dict[str, Any] | None) -> bool:
+        """Hook: True when the kernel published this status itself (or drops it); False: ipykernel's."""
+        return False
+
+    @contextmanager
+    def _cancel_on_sigint(self, future: asyncio.Future[Any]) -> Iterator[None]:
+        """Overrides ``IPythonKernel._cancel_on_sigint(future)``: ipykernel 7.4's ``do_execute`` wraps
+        an awaiting cell's future in it (``with cm(coro_future)``, main thread only).
+
+        SIGINT cancels an awaiting cell at once (ipykernel#881). ipykernel queues the cancellation with
+        tornado's ``add_callback``, which on the loop's own thread uses a plain ``call_soon``: the
+        self-pipe is never written, ``select()`` keeps sleeping, and ``await asyncio.sleep(30)`` ends
+        30 s later. ``call_soon_threadsafe`` wakes it.
+
+        If renamed or no longer used: interrupts and deadlines reach awaiting cells only when their
+        await ends (measured: 29 s late).
+        """
+        loop = asyncio.get_running_loop()
+
+        def handle_sigint(*_: object) -> None:
+            loop.call_soon_threadsafe(lambda: future.done() or future.cancel())
+
+        previous = signal.signal(signal.SIGINT, handle_sigint)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+
+def shell_parent_ident(kernel: Any) -> Any:
+    """The routing identities of the running shell request's sender (a list of bytes frames), from
+    any thread: ``Kernel._get_shell_context_var(Kernel._shell_parent_ident)`` (ipykernel 7.4; set by
+    ``set_parent``; the lookup falls back on the shell's context in threads that user code started).
+    ``Kernel._parent_ident["shell"]`` is a backward-compatibility view of the same value.
+
+    If it changes: the host cannot answer a killed execution's cell (it no longer knows the
+    requester), and the egress prompt's questions asked from another thread reach no frontend.
+    """
+    return kernel._get_shell_context_var(kernel._shell_parent_ident)
+
+
+def iopub_topic(kernel: Any, topic: str) -> bytes:
+    """The IOPub topic ipykernel gives a message type: ``Kernel._topic(topic)``, ipykernel 7.4:
+    ``b"kernel.<ident>.<topic>"``.
+
+    If it changes: the status messages ivralo sends itself carry a topic unlike ipykernel's own;
+    clients that subscribe by topic miss them.
+    """
+    return cast(bytes, kernel._topic(topic))
+
+
+def stdin_allowed(kernel: Any) -> bool:
+    """Whether the running request allows input requests: the trait ``Kernel._allow_stdin``, set from
+    the request's ``allow_stdin`` by ``IPythonKernel._forward_input`` (ipykernel 7.4).
+
+    If it changes: the guard's questions for the person (egress, broker) are never asked, or asked of
+    a client that cannot answer.
+    """
+    return bool(kernel._allow_stdin)
+
+
+def input_request(kernel: Any, prompt: str, ident: Any, parent: dict[str, Any]) -> str:
+    """An ``input_request`` to the client that sent ``parent``, from any thread:
+    ``Kernel._input_request(prompt, ident, parent, password=False)`` (ipykernel 7.4; ``raw_input``
+    calls it with the current thread's parent, which a thread of ivralo's own does not have).
+
+    If it changes: questions asked from the egress prompt's thread fail and the answer is "no".
+    """
+    return str(kernel._input_request(prompt, ident, parent, password=False))
+
+
+def route_control(kernel: Any, msg_type: str, handler: Callable[..., Any]) -> None:
+    """Serve ``msg_type`` on the control channel with ``handler``: ``Kernel.control_handlers`` is the
+    dict ``dispatch_control`` looks handlers up in (ipykernel 7.4; built in ``__init__`` from
+    ``control_msg_types``, which by default holds every shell type, ``execute_request`` included).
+
+    If it changes: ``execute_request`` on control runs user code on the Control thread, where no
+    interrupt or deadline reaches it, and subshells can be created again.
+    """
+    kernel.control_handlers[msg_type] = handler
+
+
+# -- kernel side: IPython -------------------------------------------------------------------------
+def show_traceback(shell: Any, etype: type, value: BaseException, stb: list[str]) -> None:
+    """Show a structured traceback as the cell's error: ``InteractiveShell._showtraceback(etype,
+    evalue, stb)`` (IPython 9.18), which ipykernel's ``ZMQInteractiveShell`` overrides to publish the
+    IOPub ``error`` and fill the ``execute_reply`` (ipykernel 7.4). A ``set_custom_exc`` handler must
+    show its traceback itself (``run_code`` only keeps what it returns); ``showtraceback`` does it so.
+
+    If it changes: a deadline's interrupt and a guard's refusal show no error in the cell.
+    """
+    shell._showtraceback(etype, value, stb)
+
+
+# -- kernel side: ipykernel's application -------------------------------------------------------
+class KernelAppOverrides:
+    """Mixin for the kernel application (before ``IPKernelApp`` in its bases)."""
+
+    def _bind_socket(self, s: Any, port: int) -> Any:
+        """Overrides ``IPKernelApp._bind_socket(s, port)``: ipykernel 7.4 binds each channel's socket
+        there right after creating it, IOPub's XPUB included (``init_iopub``, before its IOPub thread
+        starts). Calls ``before_bind(s)`` first.
+
+        If renamed or no longer used for IOPub: options set in ``before_bind`` are lost, so the XPUB
+        reports only the first subscriber and later clients (or the host's watchdog) never get their
+        ``iopub_welcome``.
+        """
+        self.before_bind(s)
+        return cast(Any, super())._bind_socket(s, port)
+
+    def before_bind(self, socket: Any) -> None:
+        """Hook: set options on a channel's socket before it is bound."""
+
+
+# -- host side: jupyter_client --------------------------------------------------------------------
+def popen_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``launch_kernel``'s keyword arguments without those ``Popen`` refuses:
+    ``LocalProvisioner._scrub_kwargs(kwargs)`` (jupyter_client 8.10: a copy without
+    ``extra_arguments`` and ``kernel_id``).
+
+    If it changes: relaunching a killed kernel on the same ports fails with a ``TypeError`` from
+    ``Popen``, and the kernel's clients see it die instead.
+    """
+    from jupyter_client.provisioning.local_provisioner import LocalProvisioner
+
+    return LocalProvisioner._scrub_kwargs(kwargs)
+
+
+def adopt_process(provisioner: Any, process: Any) -> None:
+    """Make ``process`` (a ``Popen`` that is its session's leader) the kernel a ``LocalProvisioner``
+    watches: its ``process``, ``pid`` and ``pgid`` attributes, which ``LocalProvisioner.launch_kernel``
+    sets and ``poll``, ``wait``, ``send_signal``, ``kill`` and ``terminate`` read (jupyter_client
+    8.10; setting them from outside ``launch_kernel`` is not documented).
+
+    If it changes: after a replacement, jupyter_client polls and signals the dead kernel, sees a
+    death, and its restarter starts yet another kernel.
+    """
+    provisioner.process = process
+    provisioner.pid = provisioner.pgid = process.pid  # a session leader: pid = pgid
