@@ -79,6 +79,7 @@ def source_calls(owner: Any, name: str, needle: str, entry: Any) -> None:
 
 
 # -- the installed versions --------------------------------------------------------------------
+@pytest.mark.fast  # starts no process
 @pytest.mark.parametrize("module", [ipykernel, IPython, jupyter_client], ids=lambda m: m.__name__)
 def test_installed_version_is_the_one_compat_was_checked_with(module: Any) -> None:
     installed = ".".join(module.__version__.split(".")[:2])
@@ -90,6 +91,7 @@ def test_installed_version_is_the_one_compat_was_checked_with(module: Any) -> No
     )
 
 
+@pytest.mark.fast  # starts no process
 def test_the_kernel_and_its_app_use_the_compat_overrides() -> None:
     # Nobody redefines them in ivralo_kernel/kernel: the private names live in compat alone.
     for cls, name, mixin in (
@@ -104,6 +106,7 @@ def test_the_kernel_and_its_app_use_the_compat_overrides() -> None:
     ("library_class", "hook"),
     [(IPythonKernel, "publish_own_status"), (IPKernelApp, "before_bind")],
 )
+@pytest.mark.fast  # starts no process
 def test_the_hook_names_are_not_ipykernels(library_class: type, hook: str) -> None:
     assert not hasattr(library_class, hook), (
         f"\n\n*** {library_class.__qualname__} now has its own {hook!r}: ivralo's hook of that name (see "
@@ -176,11 +179,13 @@ def probe(sockets: tuple[zmq.Socket[Any], zmq.Socket[Any]]) -> Probe:
     return Probe(kernel, published)
 
 
+@pytest.mark.fast  # starts no process
 def test_publish_status_has_its_signature() -> None:
     entry = compat.KernelOverrides._publish_status
     assert_params(Kernel, "_publish_status", ["self", "status", "channel", "parent"], entry, {"parent": None})
 
 
+@pytest.mark.fast  # starts no process
 def test_publish_status_carries_every_busy_and_idle(probe: Probe) -> None:
     statuses = [s[1:3] for s in probe.kernel.seen if s[0] == "status"]
     expected = [("busy", "control"), ("idle", "control")] * 2 + [("busy", "shell"), ("idle", "shell")]
@@ -197,6 +202,7 @@ def test_publish_status_carries_every_busy_and_idle(probe: Probe) -> None:
     )
 
 
+@pytest.mark.fast  # starts no process
 def test_topic_is_the_one_ipykernel_gives_its_own_status(probe: Probe) -> None:
     topics = {f[0] for f in probe.iopub}
     ours = compat.iopub_topic(probe.kernel, "status")
@@ -207,6 +213,7 @@ def test_topic_is_the_one_ipykernel_gives_its_own_status(probe: Probe) -> None:
     )
 
 
+@pytest.mark.fast  # starts no process
 def test_control_handlers_route_control_requests(probe: Probe) -> None:
     handled = [s for s in probe.kernel.seen if s[0] != "status"]
     expected = [("refused", "execute_request"), ("ivralo_probe", [b"client-1"])]
@@ -217,6 +224,7 @@ def test_control_handlers_route_control_requests(probe: Probe) -> None:
     )
 
 
+@pytest.mark.fast  # starts no process
 def test_shell_parent_ident_is_the_requester_in_any_thread(probe: Probe) -> None:
     requesters = [s[3] for s in probe.kernel.seen if s[0] == "status" and s[2] == "shell"]
     assert requesters == [[b"client-1"]] * 2, changed(
@@ -242,6 +250,7 @@ def test_shell_parent_ident_is_the_requester_in_any_thread(probe: Probe) -> None
     )
 
 
+@pytest.mark.fast  # starts no process
 def test_allow_stdin_is_the_flag_ipykernel_sets_from_the_request() -> None:
     assert "_allow_stdin" in Kernel.class_traits(), changed(
         "ipykernel.kernelbase.Kernel._allow_stdin", compat.stdin_allowed, "it is no longer a trait"
@@ -262,6 +271,7 @@ def test_allow_stdin_is_the_flag_ipykernel_sets_from_the_request() -> None:
     )
 
 
+@pytest.mark.fast  # starts no process
 def test_input_request_asks_the_client_that_sent_the_request() -> None:
     assert_params(
         Kernel,
