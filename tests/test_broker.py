@@ -284,13 +284,11 @@ async def test_an_interrupt_ends_the_wait_at_once(workspace: Path, endpoint: End
             await asyncio.sleep(0.01)
         worker = session._worker
         assert worker is not None
-        interrupted_at = time.monotonic()
         await worker.km.interrupt_kernel()
-        result = await asyncio.wait_for(call, 10)
-        waited = time.monotonic() - interrupted_at
+        result = await asyncio.wait_for(call, 10)  # liveness only: the endpoint below still holds the call
         assert isinstance(result, dict), result
         assert "KeyboardInterrupt" in result["error"]
-        assert waited < 1.0, f"the interrupt took {waited:.2f} s to end the call"
+        assert not endpoint.release.is_set(), "the call ended by the interrupt, not by the endpoint's answer"
         endpoint.release.set()
         assert await session.run("print(kept)") == "42\n"  # the kernel and its namespace survived
 

@@ -7,7 +7,6 @@ import json
 import os
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import nbformat
@@ -141,10 +140,9 @@ def test_raw_launch_of_kernel_json_like_vscode(workspace: Path, tmp_path: Path) 
         assert seen["cwd"] == str(workspace.resolve())
         supervisor_env = Path(f"/proc/{proc.pid}/environ").read_bytes()
         assert b"sk-raw-launch-secret" not in supervisor_env
-        # No ivralo host is attached: a brokered call fails fast, saying why and what to do.
-        started = time.monotonic()
-        brokered = execute(client, "ivralo.call('photos.search', query='x')")
-        assert time.monotonic() - started < 2.0
+        # No ivralo host is attached: a brokered call fails at once (this message, not the one after
+        # waiting 30 s for a host's hello), saying why and what to do.
+        brokered = execute(client, "ivralo.call('photos.search', query='x')", timeout=20)
         assert brokered.reply["content"]["ename"] == "BrokerError"
         evalue = brokered.reply["content"]["evalue"]
         assert evalue.startswith("no ivralo host is attached to this kernel to answer"), evalue

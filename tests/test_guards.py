@@ -157,8 +157,9 @@ def test_attempt(
     printed = execute(kc, f"attempt(lambda: {code})").stdout.strip()
     assert printed.startswith(kind), printed
     assert fragment in printed, printed
-    if kind == REFUSED:
-        assert "Stop and tell the person" in printed or "ivralo-kernel trust" in printed, printed
+    if kind == REFUSED:  # said to the person at the notebook: what, why and what they can do; nothing for an agent
+        assert "refused" in printed or "ivralo-kernel trust" in printed, printed
+        assert "Stop and tell the person" not in printed, printed
 
 
 def test_nothing_was_written_outside(kernel: tuple[BlockingKernelClient, bool, Path]) -> None:

@@ -143,6 +143,26 @@ def test_a_cell_runs_and_a_killed_cell_says_why(page: Any, lab: dict[str, Any]) 
     assert page.locator(".jp-Dialog").count() == 0, "no 'kernel died' dialog"
 
 
+def test_a_refusal_shows_the_cells_line_and_one_sentence(page: Any, lab: dict[str, Any]) -> None:
+    """What JupyterLab renders for a refused open(): the cell's frame, then the error and its
+    sentence, written for the person; none of ivralo's own frames."""
+    open_notebook(page, lab, "refusal.ipynb", "ivralo", "Python (ivralo)")
+    expect = playwright.expect
+    run_in_last_cell(page, "x = 1\nopen('/etc/ivralo-nope', 'w')")
+    output = page.locator(".jp-Notebook .jp-Cell").nth(0).locator(".jp-OutputArea-output")
+    expect(output).to_contain_text(
+        "GuardRefusal: ivralo write guard: open for writing '/etc/ivralo-nope' refused: it is outside the workspace",
+        timeout=30_000,
+    )
+    page.screenshot(path=str(lab["root"] / "refusal.png"))
+    shown = output.inner_text()
+    assert "Cell In[1], line 2" in shown, shown
+    assert "open('/etc/ivralo-nope', 'w')" in shown, shown
+    assert "_hooks.py" not in shown and "ivralo_kernel" not in shown, shown  # no frame of ours
+    assert "Stop and tell the person" not in shown, shown  # that sentence is for an agent
+    assert shown.rstrip().endswith("Write inside the workspace."), shown
+
+
 def test_the_person_is_asked_about_an_unknown_host(page: Any, lab: dict[str, Any]) -> None:
     """The question appears where input() would; the answer is relayed to the host; the time the
     person takes (longer than the 2 s deadline here) does not count against the deadline."""
