@@ -164,3 +164,14 @@ def test_the_worker_log_is_json_lines_read_back_by_field(tmp_path: Path) -> None
     assert worker_log.entries(log) == [entry]  # the old line is skipped, not misread
     assert worker_log.last_start_failure(log, since=entry["at"]) == ("guards installed", "a | Traceback: boom")
     assert worker_log.last_start_failure(log, since=entry["at"] + 1)[0] == "unknown (no log entry for this start)"
+
+
+@pytest.mark.fast
+def test_exits_and_channel_addresses_are_said_one_way() -> None:
+    from ivralo_kernel.protocol.processes import channel_url, describe_exit, from_returncode
+
+    assert from_returncode(-9) == 137 and from_returncode(3) == 3
+    assert describe_exit(137) == "was killed by signal SIGKILL"
+    assert describe_exit(1) == "exited with status 1"
+    assert channel_url({"ip": "127.0.0.1", "shell_port": 5}, "shell") == "tcp://127.0.0.1:5"
+    assert channel_url({"transport": "ipc", "ip": "/run/k", "hb_port": 2}, "hb") == "ipc:///run/k-2"

@@ -16,6 +16,8 @@ from typing import Any
 import zmq
 from jupyter_client.session import Session as JupyterSession
 
+from ivralo_kernel.protocol.processes import channel_url
+
 RECONNECT_WAIT_S = 2.5  # how long clients get to reconnect to us (libzmq retries every 100 ms)
 SUBSCRIBERS_SETTLE_S = 0.5  # after a subscriber is back, how long we wait for the next one
 HOLD_S = 0.3  # how long the shell port stays ours after the answer, to answer a quick next request
@@ -45,12 +47,6 @@ def _refuse_while_replacing(session: JupyterSession, shell: zmq.Socket[Any], iop
     session.send(iopub, "status", {"execution_state": "idle"}, parent=request)
 
 
-def _url(info: dict[str, Any], channel: str) -> str:
-    transport, ip = info.get("transport", "tcp"), info.get("ip", "127.0.0.1")
-    port = info[f"{channel}_port"]
-    return f"{transport}://{ip}:{port}" if transport == "tcp" else f"{transport}://{ip}-{port}"
-
-
 def answer_lost_execution(
     info: dict[str, Any], parent: dict[str, Any], requester: tuple[bytes, ...], text: str
 ) -> bool:
@@ -67,8 +63,8 @@ def answer_lost_execution(
     shell = context.socket(zmq.ROUTER)
     shell.setsockopt(zmq.ROUTER_MANDATORY, 1)  # raise, rather than drop, while the peer reconnects
     try:
-        iopub.bind(_url(info, "iopub"))
-        shell.bind(_url(info, "shell"))
+        iopub.bind(channel_url(info, "iopub"))
+        shell.bind(channel_url(info, "shell"))
         deadline = time.monotonic() + RECONNECT_WAIT_S
         settled: float | None = None
         # A host has several IOPub subscribers (jupyter_server: an activity watcher and one per

@@ -26,17 +26,14 @@ from typing import Any
 
 import zmq
 
+from ivralo_kernel.protocol.processes import channel_url
+
 # Towards the kernel, shell and stdin are one peer (see above).
 SHELL_AND_STDIN_IDENTITY = b"ivralo-relay"
 # ipc sockets appear when the kernel binds them, a moment after it starts: retry often.
 RECONNECT_IVL_MS = 10
 DELIMITER = b"<IDS|MSG>"
 KEEP_REQUESTS = 256  # execute_request ids remembered (an execution's busy follows its request at once)
-
-
-def endpoint(info: dict[str, Any], channel: str) -> str:
-    transport, ip, port = info.get("transport", "tcp"), info["ip"], info[f"{channel}_port"]
-    return f"{transport}://{ip}:{port}" if transport == "tcp" else f"{transport}://{ip}-{port}"
 
 
 class ChannelRelay:
@@ -67,8 +64,8 @@ class ChannelRelay:
             if channel == "iopub":
                 outer.setsockopt(zmq.XPUB_VERBOSE, 1)  # every client's subscription, not only the first
             inner.setsockopt(zmq.RECONNECT_IVL, RECONNECT_IVL_MS)
-            outer.bind(endpoint(client_side, channel))
-            inner.connect(endpoint(kernel_side, channel))
+            outer.bind(channel_url(client_side, channel))
+            inner.connect(channel_url(kernel_side, channel))
             self._pairs.append((channel, outer, inner))
 
     def start(self) -> None:

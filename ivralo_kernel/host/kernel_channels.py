@@ -19,6 +19,8 @@ from typing import Any
 import zmq
 from jupyter_client.session import Session as JupyterSession
 
+from ivralo_kernel.protocol.processes import channel_url
+
 RECONNECT_IVL_MS = 10  # how often our sockets retry a kernel that is not bound yet
 OnReply = Callable[[dict[str, Any]], None]
 
@@ -42,11 +44,6 @@ class KernelChannels:
         self.control: zmq.Socket[Any] | None = None
         self._poller = zmq.Poller()
 
-    def _url(self, channel: str) -> str:
-        transport, ip = self._info.get("transport", "tcp"), self._info.get("ip", "127.0.0.1")
-        port = self._info[f"{channel}_port"]
-        return f"{transport}://{ip}:{port}" if transport == "tcp" else f"{transport}://{ip}-{port}"
-
     # -- the watchdog's thread --------------------------------------------------------------
     def open(self) -> None:
         context = self._context = zmq.Context()
@@ -56,10 +53,10 @@ class KernelChannels:
         self.iopub = context.socket(zmq.SUB)
         # Everything, as a client does: a welcome for another topic would reach the clients too.
         self.iopub.setsockopt(zmq.SUBSCRIBE, b"")
-        self.iopub.connect(self._url("iopub"))
+        self.iopub.connect(channel_url(self._info, "iopub"))
         self.control = context.socket(zmq.DEALER)
         self.control.setsockopt(zmq.IDENTITY, self.session.bsession)
-        self.control.connect(self._url("control"))
+        self.control.connect(channel_url(self._info, "control"))
         for socket in (self.iopub, self.control, self._wake_r):
             self._poller.register(socket, zmq.POLLIN)
 

@@ -38,6 +38,7 @@ from ivralo_kernel.host.kernelspec import SUPERVISOR_MODULE
 from ivralo_kernel.host.sandbox import TOOL_FILES_DEFAULT, availability, dotenv_for_kernel, prepare_workspace
 from ivralo_kernel.host.sandbox_launch import CHANNELS, SandboxFolder, kernel_connection, sandboxed_command
 from ivralo_kernel.protocol import KernelPolicy, database_env_names, names, scrub
+from ivralo_kernel.protocol.processes import from_returncode
 from ivralo_kernel.protocol.trust import is_trusted
 
 TERM_GRACE_S = 5.0  # the supervisor's own grace (3 s) and its clean-up, before we end it ourselves
@@ -229,7 +230,7 @@ def _run(
                         os.kill(pid, signal.SIGKILL)  # type: ignore[arg-type]
     proxy.close()
     files.end()
-    return process.returncode if process.returncode >= 0 else 128 - process.returncode
+    return from_returncode(process.returncode)
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ from ivralo_kernel.host.pool import HostMemoryError, WorkerPool, WorkerPoolExhau
 from ivralo_kernel.host.watchdog import Watchdog
 from ivralo_kernel.host.worker import Worker
 from ivralo_kernel.protocol import ConfigError, WorkerBootstrapError, names
+from ivralo_kernel.protocol.processes import describe_exit
 
 RunResult = str | dict[str, str]
 T = TypeVar("T")
@@ -392,9 +393,7 @@ def _check_name(name: str) -> None:
 def _exit_description(code: int | None) -> str:
     if code is None:
         return "the kernel stopped answering"
-    if code > 128:
-        return f"the kernel was killed by signal {code - 128}"
-    return f"the kernel exited with status {code}"
+    return f"the kernel {describe_exit(code)}"
 
 
 def _names_from(expression_result: dict[str, Any] | None) -> list[str]:

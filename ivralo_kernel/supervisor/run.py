@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 from ivralo_kernel.protocol import KernelPolicy, database_env_names, names, pipe, scrub, worker_log
+from ivralo_kernel.protocol.processes import describe_exit, exit_code
 from ivralo_kernel.supervisor import linux, tree
 from ivralo_kernel.supervisor.backstop import Backstop
 from ivralo_kernel.supervisor.relay import start_relay
@@ -107,18 +108,6 @@ def _host_pipe() -> int | None:
     except (ValueError, OSError):
         return None
     return fd
-
-
-def _exit_code(status: int) -> int:
-    if os.WIFSIGNALED(status):
-        return 128 + os.WTERMSIG(status)
-    return os.waitstatus_to_exitcode(status)
-
-
-def _describe(status: int) -> str:
-    if os.WIFSIGNALED(status):
-        return f"was killed by signal {signal.Signals(os.WTERMSIG(status)).name}"
-    return f"exited with status {os.waitstatus_to_exitcode(status)}"
 
 
 def _write_worker_log(workspace: str, stages: list[str], how: str, stderr_tail: bytes) -> None:
@@ -272,10 +261,10 @@ def main(argv: list[str] | None = None) -> int:
     shutil.rmtree(tmp, ignore_errors=True)
     built = names.STAGE_KERNEL_BUILT in stages
     if not built and term_deadline is None:  # a start that failed, or that the host gave up on
-        how = stopped_by or _describe(kernel_status or 0)
+        how = stopped_by or describe_exit(exit_code(kernel_status or 0))
         _write_worker_log(workspace, stages, how, stderr.tail)
     if deadline_kill:
         return names.DEADLINE_EXIT_STATUS
     if kernel_status is None:
         return 128 + signal.SIGKILL
-    return _exit_code(kernel_status)
+    return exit_code(kernel_status)
