@@ -201,3 +201,9 @@ def test_the_launch_policy_defaults_are_the_models() -> None:
         assert getattr(policy, name) == getattr(model, name), name
     for name in ("landlock", "landlock_network", "history_cap_bytes", "history_cap_count"):
         assert getattr(policy, name) == getattr(model, name), name
+
+
+async def test_an_agent_session_without_a_deadline_runs(workspace: Path) -> None:
+    """``deadline_ms=None`` is the one way to say "no deadline", for agents too."""
+    async with Session(workspace=workspace, config=WorkerConfig(deadline_ms=None)) as session:
+        assert await session.run("print(1)") == "1\n"

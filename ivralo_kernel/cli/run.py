@@ -17,12 +17,13 @@ import textwrap
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from ivralo_kernel.host.manager import IvraloKernelManager
-from ivralo_kernel.host.outputs import CellOutput
+from ivralo_kernel.host.outputs import CellOutput, effects_line
 from ivralo_kernel.host.processes import still_running, tree_of
-from ivralo_kernel.protocol import IvraloError
+from ivralo_kernel.protocol import IvraloError, names
+from ivralo_kernel.protocol.messages import Effects
 
 # nbclient's own wait for a cell's reply is only a backstop: the host's deadline is what ends a cell
 # (at deadline_ms, then the kill after the grace, answered within 250 ms), so nbclient waits longer.
@@ -43,13 +44,27 @@ def _cell_text(outputs: list[dict[str, Any]]) -> str:
     return CellOutput.from_notebook(outputs).shown
 
 
-def _print_cell(number: int, source: str, outputs: list[dict[str, Any]]) -> None:
+def _print_cell(number: int, source: str, outputs: list[dict[str, Any]], effects: Effects | None) -> None:
     print(f"\033[1mIn [{number}]:\033[0m")
     print(textwrap.indent(source.rstrip() or "(empty)", "    "))
     text = _cell_text(outputs).rstrip()
     if text:
         print(textwrap.indent(text, "  | ", lambda _: True))
+    if effects is not None:
+        print(f"  \033[2mivralo: {effects_line(effects)}\033[0m")
     print()
+
+
+def _effects_of(cell: Any) -> Effects | None:
+    effects = (cell.get("metadata") or {}).get(names.KERNEL_INFO_SECTION, {}).get("effects")
+    return cast(Effects, effects) if isinstance(effects, dict) else None
+
+
+def _keep_effects(cell: Any, cell_index: int, execute_reply: dict[str, Any]) -> None:
+    """(nbclient's hook) The reply's ``ivralo.effects``, kept with the cell for its summary line."""
+    effects = ((execute_reply or {}).get("metadata") or {}).get(names.KERNEL_INFO_SECTION, {}).get("effects")
+    if isinstance(effects, dict):
+        cell.setdefault("metadata", {}).setdefault(names.KERNEL_INFO_SECTION, {})["effects"] = effects
 
 
 def _failed(cell: Any) -> bool:
@@ -79,7 +94,9 @@ async def _execute(nb: Any, workspace: str, settings: Mapping[str, Any]) -> tupl
     from nbclient.exceptions import CellTimeoutError, DeadKernelError
 
     km = IvraloKernelManager.for_settings(**{**settings, "workspace": workspace})
-    client = NotebookClient(nb, km=km, allow_errors=True, resources={"metadata": {"path": workspace}})
+    client = NotebookClient(
+        nb, km=km, allow_errors=True, resources={"metadata": {"path": workspace}}, on_cell_executed=_keep_effects
+    )
     tree: list[int] = []
     stopped = None
     try:
@@ -112,7 +129,7 @@ async def _run_notebook(path: Path, workspace: str, settings: Mapping[str, Any])
     tree, stopped = await _execute(nb, workspace, settings)
     code_cells = [cell for cell in nb.cells if cell.cell_type == "code"]
     for cell in code_cells:
-        _print_cell(cell.get("execution_count") or 0, cell.source, cell.get("outputs", []))
+        _print_cell(cell.get("execution_count") or 0, cell.source, cell.get("outputs", []), _effects_of(cell))
     failed = sum(_failed(cell) for cell in code_cells)
     print(f"ran {path.name}: {len(code_cells)} code cells, {failed} with an error")
     left = still_running(tree)
@@ -132,6 +149,9 @@ async def _run_script(path: Path, workspace: str, settings: Mapping[str, Any]) -
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(path.read_text(encoding="utf-8"))])
     _, stopped = await _execute(nb, workspace, settings)
     print(_cell_text(nb.cells[0].get("outputs", [])), end="")
+    effects = _effects_of(nb.cells[0])
+    if effects is not None:  # stdout stays the script's own
+        print(f"ivralo: {effects_line(effects)}", file=sys.stderr)
     if stopped:
         print(f"ivralo-kernel run: {path.name}: stopped at {stopped}", file=sys.stderr)
     return 1 if stopped or _failed(nb.cells[0]) else 0

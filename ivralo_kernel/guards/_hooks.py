@@ -68,7 +68,13 @@ class FileGuard:
         self._stores = _store_pattern(policy.closed_reads)
         self.starting = True
         self.refusals = 0
+        self.started: list[str] = []  # programs started from Python since the last take_started()
         self._handlers: dict[str, Callable[[tuple[Any, ...]], None]] = {
+            # Not judged (the sandbox and Landlock bound what they do): recorded for the cell's effects.
+            "subprocess.Popen": lambda a: self._started(a[0], a[1]),
+            "os.posix_spawn": lambda a: self._started(a[0], a[1]),
+            "os.exec": lambda a: self._started(a[0], a[1]),
+            "os.system": lambda a: self._started(None, a[0]),
             "open": self._open,
             "os.remove": lambda a: self._change("delete", _resolve_at(a[0], a[1], False), keep=True),
             "os.rmdir": lambda a: self._change("remove the folder", _resolve_at(a[0], a[1], False)),
@@ -99,6 +105,21 @@ class FileGuard:
         handler = self._handlers.get(event)
         if handler is not None and not getattr(_own, "busy", False):
             handler(args)
+
+    def _started(self, executable: Any, args: Any) -> None:
+        """The program's name: ``sh`` for ``os.system`` and shell commands, else the argv's first."""
+        if isinstance(args, (str, bytes)):
+            first = "sh" if executable is None else os.fsdecode(executable)
+        elif isinstance(args, (list, tuple)) and args:
+            first = os.fsdecode(executable if executable is not None else args[0])
+        else:
+            first = os.fsdecode(executable) if executable is not None else "?"
+        if len(self.started) < 100:
+            self.started.append(os.path.basename(first))
+
+    def take_started(self) -> list[str]:
+        started, self.started = self.started, []
+        return started
 
     def _refuse(self, refusal: GuardRefusal | None) -> None:
         if refusal is not None:

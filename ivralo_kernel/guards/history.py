@@ -34,6 +34,7 @@ class History:
         self._copies: deque[tuple[str, int]] | None = None  # (name, size), oldest first; read on first use
         self._bytes = 0
         self._index_lines = 0
+        self.taken: dict[str, str] = {}  # this cell's copies: original path -> copy name (the first)
 
     def save(self, path: str, operation: str) -> Path | None:
         """Copy ``path`` (if it is an existing regular file) before ``operation`` changes it."""
@@ -71,7 +72,12 @@ class History:
         copies.append((copy.name, st.st_size))
         self._bytes += st.st_size
         self._prune(copies)
+        self.taken.setdefault(path, copy.name)  # the state before the cell's first change
         return copy
+
+    def take_taken(self) -> dict[str, str]:
+        taken, self.taken = self.taken, {}
+        return taken
 
     def _known(self) -> deque[tuple[str, int]]:
         """The copies already there (other kernels of this workspace, earlier sessions): read once."""

@@ -8,6 +8,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from ivralo_kernel.protocol.messages import Effects
+
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
@@ -59,6 +61,52 @@ class CellOutput:
     def shown(self) -> str:
         """What a person reading the notebook sees under the cell: the output, then the traceback."""
         return self.text + (self.error + "\n" if self.error is not None else "")
+
+
+class RunText(str):
+    """A run's output: a ``str``, as the contract has it, that also says what the execution did
+    (``effects``: the kernel's ``ivralo.effects``, or None when the kernel could not say)."""
+
+    effects: Effects | None = None
+
+
+class RunError(dict[str, str]):
+    """A run's error dict (``status``, ``result``, ``error``), with ``effects`` as ``RunText`` has it."""
+
+    effects: Effects | None = None
+
+
+def with_effects(result: str | dict[str, str], effects: Effects | None) -> RunText | RunError:
+    shown: RunText | RunError = RunText(result) if isinstance(result, str) else RunError(result)
+    shown.effects = effects
+    return shown
+
+
+def effects_line(effects: Effects) -> str:
+    """One line for a person: "2 files changed (a.csv, b.csv); hosts: pypi.org allowed; ran sh; ..."."""
+
+    def listed(paths: list[str]) -> str:
+        shown = ", ".join(paths[:3]) + (f", and {len(paths) - 3} more" if len(paths) > 3 else "")
+        return f"{len(paths)} {'file' if len(paths) == 1 else 'files'} {{}} ({shown})"
+
+    files = effects.get("files") or {}
+    parts = [listed(files[kind]).format(kind) for kind in ("created", "changed", "deleted") if files.get(kind)]
+    if effects.get("files_note"):
+        parts.append(f"files: {effects['files_note']}")
+    hosts = effects.get("hosts") or {}
+    if hosts:
+        parts.append("hosts: " + ", ".join(f"{host} {outcome}" for host, outcome in hosts.items()))
+    calls = effects.get("calls") or []
+    if calls:
+        parts.append(f"{len(calls)} brokered {'call' if len(calls) == 1 else 'calls'}")
+    processes = effects.get("processes") or []
+    if processes:
+        parts.append("ran " + ", ".join(dict.fromkeys(processes)))
+    parts.append(
+        f"peak {effects.get('peak_rss_bytes', 0) / (1 << 20):.0f} MiB, {effects.get('cpu_s', 0):.2f} s CPU, "
+        f"{effects.get('wall_s', 0):.2f} s"
+    )
+    return "; ".join(parts)
 
 
 def error_result(result: str, error: str, status: str = "error") -> dict[str, str]:

@@ -14,21 +14,23 @@ import ast
 import asyncio
 import json
 import logging
+import math
 import os
 import queue
 import threading
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from ivralo_kernel.host.config import WorkerConfig
 from ivralo_kernel.host.escalation import Phase
-from ivralo_kernel.host.outputs import CellOutput, error_result, lost_names_message
+from ivralo_kernel.host.outputs import CellOutput, error_result, lost_names_message, with_effects
 from ivralo_kernel.host.pool import HostMemoryError, WorkerPool, WorkerPoolExhaustedError
 from ivralo_kernel.host.watchdog import Watchdog
 from ivralo_kernel.host.worker import Worker
 from ivralo_kernel.protocol import ConfigError, WorkerBootstrapError, names
+from ivralo_kernel.protocol.messages import Effects
 from ivralo_kernel.protocol.processes import describe_exit
 
 RunResult = str | dict[str, str]
@@ -91,6 +93,7 @@ class Session:
         self._restarts: deque[tuple[float, str]] = deque()
         self._restart_note: str | None = None
         self._asked_s = 0.0  # time spent waiting for answers to ``ask`` during the running call
+        self._effects: Effects | None = None  # what the last run's execution did (the kernel's word)
         self._asking_since: float | None = None
 
     async def __aenter__(self) -> Session:
@@ -126,12 +129,13 @@ class Session:
             except (WorkerBootstrapError, WorkerPoolExhaustedError, HostMemoryError) as exc:
                 return error_result("", str(exc))
             worker.busy = True
+            self._effects = None
             try:
                 result = await self._execute(worker, code)
             finally:
                 worker.busy = False
                 worker.last_used = time.monotonic()
-            return self._with_notes(result, worker)
+            return with_effects(self._with_notes(result, worker), self._effects)
 
     async def _ensure_started(self) -> Worker:
         worker = self._worker
@@ -177,7 +181,10 @@ class Session:
         msg_id = kc.execute(code, allow_stdin=False, stop_on_error=True, user_expressions={"names": _NAMES_EXPR})
         out = CellOutput()
         c = self.config
-        fallback = time.monotonic() + (c.deadline_ms + c.interrupt_grace_ms) / 1000 + _FALLBACK_SLACK_S
+        if c.deadline_ms is None:  # no deadline: the call waits as long as the cell runs
+            fallback = math.inf
+        else:
+            fallback = time.monotonic() + (c.deadline_ms + c.interrupt_grace_ms) / 1000 + _FALLBACK_SLACK_S
         self._asked_s = 0.0
         idle = False
         while not idle:
@@ -209,6 +216,8 @@ class Session:
             if watchdog.phase_of(msg_id) is Phase.KILLED or not await worker.is_alive():
                 return await self._lose_worker(self._death_cause(worker))
         content = reply["content"] if reply else {}
+        effects = ((reply or {}).get("metadata") or {}).get(names.KERNEL_INFO_SECTION, {}).get("effects")
+        self._effects = cast(Effects, effects) if isinstance(effects, dict) else None  # the kernel's own report
         if content.get("status") == "ok":
             self._known_names = _names_from(content.get("user_expressions", {}).get("names"))
         return self._result(worker, msg_id, out, content)

@@ -28,11 +28,12 @@ from ivralo_kernel.guards.network import hosts_tried_line
 from ivralo_kernel.kernel import api
 from ivralo_kernel.kernel.broker_client import BROKER, HOST_CONNECT_TIMEOUT_S
 from ivralo_kernel.kernel.deadline import DeadlineNotices, InKernelWatchdog, SupervisorBackstop
+from ivralo_kernel.kernel.effects import EffectsRecorder
 from ivralo_kernel.kernel.egress_judge import answer_proxy_question
 from ivralo_kernel.kernel.launch_state import STATE
 from ivralo_kernel.kernel.pip_magic import guarded_pip
 from ivralo_kernel.protocol import names
-from ivralo_kernel.protocol.messages import BrokerRequest
+from ivralo_kernel.protocol.messages import BrokerRequest, CallRecord, Effects
 
 CONTROL_EXECUTE_REFUSED = (
     "execute_request on the control channel is refused: ivralo runs code only on the shell "
@@ -74,6 +75,11 @@ class IvraloKernel(compat.KernelOverrides, IPythonKernel):
         # The broker's API, ready in every cell as `ivralo` (help(ivralo)); hidden from %who and
         # the namespace API, like IPython's own names.
         self.shell.push({"ivralo": api}, interactive=False)
+        self._effects: EffectsRecorder | None = None
+        self._last_effects: Effects | None = None
+        if STATE.workspace:
+            self._effects = EffectsRecorder(STATE.workspace)
+            self._effects.start()  # the workspace's watches are added in a thread, off the way to ready
         policy = STATE.policy
         self._backstop: SupervisorBackstop | None = None
         self._watchdog: InKernelWatchdog | None = None
@@ -147,6 +153,7 @@ class IvraloKernel(compat.KernelOverrides, IPythonKernel):
         if STATE.network is not None:
             STATE.network.take_attempts()  # each cell lists only the hosts it tried
         BROKER.take_records()
+        self._begin_effects()
         if self._backstop is not None:
             due = self._backstop.started(msg_id or "")
             if self._watchdog is not None and msg_id:
@@ -162,6 +169,7 @@ class IvraloKernel(compat.KernelOverrides, IPythonKernel):
             attempts = STATE.network.take_attempts() if STATE.network is not None else {}
             if attempts and not silent:
                 print(hosts_tried_line(attempts), flush=True)
+            self._end_effects(attempts, records)
             return reply
         finally:
             if self._watchdog is not None:
@@ -171,6 +179,30 @@ class IvraloKernel(compat.KernelOverrides, IPythonKernel):
             self._executing = None
             self._executing_parent = None
             self.deadline_notices.discard(msg_id)
+
+    def _begin_effects(self) -> None:
+        self._last_effects = None
+        if STATE.files is not None:
+            STATE.files.take_started()
+            STATE.files.history.take_taken()
+        if self._effects is not None:
+            self._effects.begin()
+
+    def _end_effects(self, hosts: dict[str, str], calls: list[CallRecord]) -> None:
+        if self._effects is None:
+            return
+        started, taken = (STATE.files.take_started(), STATE.files.history.take_taken()) if STATE.files else ([], {})
+        workspace = STATE.workspace.rstrip(os.sep) + os.sep
+        history = {path.removeprefix(workspace): copy for path, copy in taken.items()}
+        self._last_effects = self._effects.end(hosts, calls, started, history)
+
+    def finish_metadata(self, parent: dict[str, Any], metadata: dict[str, Any], reply_content: dict[str, Any]) -> Any:
+        """The execute_reply's metadata: ipykernel's, and what the execution did (``ivralo.effects``)."""
+        metadata = super().finish_metadata(parent, metadata, reply_content)
+        if self._last_effects is not None and parent.get("header", {}).get("msg_type") == "execute_request":
+            metadata.setdefault(names.KERNEL_INFO_SECTION, {})["effects"] = self._last_effects
+            self._last_effects = None
+        return metadata
 
     # -- control-channel handlers (Control thread) -----------------------------------------
     async def ivralo_deadline_notice(self, stream: Any, ident: Any, parent: dict[str, Any]) -> None:

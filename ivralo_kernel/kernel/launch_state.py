@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from ivralo_kernel.guards._hooks import FileGuard
     from ivralo_kernel.guards.network import NetworkGuard
     from ivralo_kernel.kernel.stages import SupervisorPipe
     from ivralo_kernel.protocol import KernelPolicy
@@ -23,6 +24,7 @@ class LaunchState:
     policy: KernelPolicy | None = None
     pipe: SupervisorPipe | None = None
     network: NetworkGuard | None = None
+    files: FileGuard | None = None
     # Ports the Landlock TCP floor lets this kernel's tree connect to; None: no floor in force.
     tcp_floor: tuple[int, ...] | None = None
 

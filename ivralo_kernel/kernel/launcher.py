@@ -258,6 +258,7 @@ def main() -> None:
         STATE.notes += [line for line in os.environ.pop(names.ENV_HOST_NOTES, "").splitlines() if line]
         STATE.layers = {}
         file_guard, trusted = _install_file_guards(policy, workspace)
+        STATE.files = file_guard
         supervisor_layers = dict(
             item.split("=", 1) for item in os.environ.pop(names.ENV_SUPERVISOR_LAYERS, "").split(",") if "=" in item
         )

@@ -101,3 +101,25 @@ class EgressNote(TypedDict):  # control: names.MSG_EGRESS_NOTE (for the running 
 class StatusReply(TypedDict):  # control: names.MSG_STATUS_REQUEST's reply
     status: str
     executing: str | None  # the execute_request the kernel is running, if any
+
+
+# ---- what an execution did: its execute_reply's metadata["ivralo"]["effects"] ------------------
+
+
+class FileEffects(TypedDict):
+    created: list[str]  # paths relative to the workspace
+    changed: list[str]
+    deleted: list[str]
+
+
+class Effects(TypedDict):
+    files: FileEffects
+    history: dict[str, str]  # a changed or deleted path -> the id of the history's copy of what it was
+    hosts: dict[str, str]  # host -> what happened ("allowed (hosts.allow)", "refused (...)")
+    calls: list[CallRecord]  # brokered calls
+    processes: list[str]  # programs started from Python (subprocess, os.system, exec, spawn)
+    peak_rss_bytes: int  # the kernel's process tree, sampled every 0.1 s while the cell ran
+    cpu_s: float  # the kernel's CPU and its waited-for children's
+    wall_s: float
+    collect_ms: float  # what collecting these cost the kernel
+    files_note: NotRequired[str]  # why ``files`` may be incomplete, when it may

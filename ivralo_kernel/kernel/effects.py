@@ -1,0 +1,99 @@
+"""[kernel] What each execution did, for its reply's metadata (``ivralo.effects``): files created,
+changed and deleted in the workspace (by anything: ``WorkspaceWatch``), with the ids of the history's
+copies of what they were; hosts tried; brokered calls; processes started from Python; the tree's peak
+RSS (sampled), CPU seconds and wall time. The host shows it (``Session.run``'s ``result.effects``,
+``ivralo-kernel run``'s line per cell).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+from ivralo_kernel.kernel.workspace_watch import WorkspaceWatch
+from ivralo_kernel.protocol.messages import CallRecord, Effects
+
+SAMPLE_S = 0.1  # the tree's RSS is sampled this often while a cell runs
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def tree_rss(root: int) -> int:
+    """RSS of ``root`` and its descendants, in bytes (``/proc/PID/task/*/children``)."""
+    total, stack, seen = 0, [root], set()
+    while stack:
+        pid = stack.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        try:
+            total += int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE
+            for task in os.scandir(f"/proc/{pid}/task"):
+                stack += [int(c) for c in Path(task.path, "children").read_text().split()]
+        except (OSError, ValueError, IndexError):
+            continue
+    return total
+
+
+class EffectsRecorder:
+    def __init__(self, workspace: str) -> None:
+        self.watch = WorkspaceWatch(workspace)
+        self._started_at = 0.0
+        self._cpu_at = 0.0
+        self._peak = 0
+        self._sampling = threading.Event()
+        self._sampler: threading.Thread | None = None
+
+    def start(self) -> None:
+        self.watch.start()
+
+    def begin(self) -> None:
+        collect = time.perf_counter()
+        self.watch.begin()
+        self._peak = tree_rss(os.getpid())
+        self._sampling.set()
+        if self._sampler is None:
+            self._sampler = threading.Thread(target=self._sample, name="ivralo-effects-rss", daemon=True)
+            self._sampler.start()
+        self._started_at, self._cpu_at = time.monotonic(), _cpu_s()
+        self._collect_s = time.perf_counter() - collect
+
+    def end(
+        self, hosts: dict[str, str], calls: list[CallRecord], processes: list[str], history: dict[str, str]
+    ) -> Effects:
+        wall, cpu = time.monotonic() - self._started_at, _cpu_s() - self._cpu_at
+        collect = time.perf_counter()
+        self._sampling.clear()
+        self._peak = max(self._peak, tree_rss(os.getpid()))
+        files = self.watch.end()
+        # A file renamed over by Python was kept first: it changed, it was not created.
+        created = [p for p in files.created if p not in history]
+        changed = sorted({*files.changed, *(p for p in files.created if p in history)})
+        effects = Effects(
+            files={"created": created, "changed": changed, "deleted": files.deleted},
+            history={path: copy for path, copy in history.items() if path in changed or path in files.deleted},
+            hosts=dict(hosts),
+            calls=list(calls),
+            processes=list(processes),
+            peak_rss_bytes=self._peak,
+            cpu_s=round(cpu, 3),
+            wall_s=round(wall, 3),
+            collect_ms=round((self._collect_s + time.perf_counter() - collect) * 1000, 3),
+        )
+        if files.unwatched:
+            effects["files_note"] = files.unwatched
+        return effects
+
+    def _sample(self) -> None:
+        while True:
+            self._sampling.wait()
+            time.sleep(SAMPLE_S)
+            if self._sampling.is_set():
+                self._peak = max(self._peak, tree_rss(os.getpid()))
+
+
+def _cpu_s() -> float:
+    """This process's CPU, and its children's that have been waited for."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
