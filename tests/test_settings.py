@@ -207,3 +207,11 @@ async def test_an_agent_session_without_a_deadline_runs(workspace: Path) -> None
     """``deadline_ms=None`` is the one way to say "no deadline", for agents too."""
     async with Session(workspace=workspace, config=WorkerConfig(deadline_ms=None)) as session:
         assert await session.run("print(1)") == "1\n"
+
+
+@fast
+def test_a_misspelt_setting_is_named_with_the_likely_one(config_dir: Path) -> None:
+    path = write_settings(config_dir, {"IvraloSettings": {"deadlin_ms": 5_000}})
+    expected = rf"IvraloSettings.deadlin_ms in {path}: is not an ivralo setting\. Did you mean deadline_ms\?"
+    with pytest.raises(ConfigError, match=expected):
+        WorkerConfig()

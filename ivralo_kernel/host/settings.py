@@ -17,6 +17,7 @@ The workspace's own folder is never read: code in the kernel can write there.
 
 from __future__ import annotations
 
+import difflib
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -288,6 +289,10 @@ class JupyterHostSettings(IvraloSettings):
         return [*super().section_names()[:-1], PROVISIONER_SECTION]
 
 
+def every_setting() -> set[str]:
+    return set(IvraloAgent.class_trait_names(config=True))
+
+
 def kernel_setting_names() -> set[str]:
     return set(IvraloSettings.class_trait_names(config=True))
 
@@ -378,6 +383,14 @@ def resolve(
         for layer in layers:
             if section in layer.config:
                 for name in layer.config[section]:
+                    if name not in every_setting():  # a typo would otherwise be ignored in silence
+                        close = difflib.get_close_matches(name, sorted(every_setting()), n=1)
+                        hint = f"Did you mean {close[0]}? " if close else ""
+                        raise ConfigError(
+                            f"{section}.{name} in {layer.label}",
+                            "is not an ivralo setting",
+                            f"{hint}`ivralo-kernel config` lists them",
+                        )
                     if name in sources:
                         sources[name] = f"{layer.label} ({section})"
     for name in given or {}:
