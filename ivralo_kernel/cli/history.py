@@ -7,6 +7,7 @@ import json
 import os
 
 from ivralo_kernel.host.history_store import (
+    GRACE_S,
     HistoryStore,
     described,
     entry_dict,
@@ -20,7 +21,8 @@ from ivralo_kernel.protocol.history_index import Entry
 
 NEWER_CHANGE_RULE = (
     "A newer change is one made after the change the copy undoes: the history holds a later copy of the same "
-    "file, the file was modified more than 2 s after the copy was taken, or it was deleted and exists again. "
+    f"file, the file was modified more than {GRACE_S:g} s after the copy was taken, or it was deleted and exists "
+    "again. "
     "Whatever a restore overwrites is first kept as a copy (operation 'restore'), so a restore can be undone too."
 )
 

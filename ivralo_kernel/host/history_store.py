@@ -141,8 +141,8 @@ def parse_time(text: str) -> int:
             clock = datetime.strptime(text.strip(), "%H:%M:%S" if text.count(":") == 2 else "%H:%M").time()
         except ValueError:
             raise HistoryError(
-                f"{text!r} is not a time. Give it as `ivralo-kernel history list` shows it (2026-11-29 10:12:05), "
-                "as ISO 8601 (2026-11-29T10:12:05+01:00), or as a time of day today (10:12)"
+                f"{text!r} is not a time: give it as the history list shows it (2026-11-29 10:12:05), as ISO 8601 "
+                "(2026-11-29T10:12:05+01:00), or as a time of day today (10:12)"
             ) from None
         when = datetime.combine(datetime.now().date(), clock)
     return int(when.astimezone().timestamp() * 1e9)
