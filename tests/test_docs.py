@@ -90,6 +90,14 @@ def _subcommands() -> dict[str, argparse.ArgumentParser]:
     return dict(action.choices)
 
 
+def _options(parser: argparse.ArgumentParser, tokens: list[str]) -> dict[str, argparse.Action]:
+    """The flags a command line may give: a nested action's (``history restore``) when it names one."""
+    nested = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+    if nested is not None and tokens and tokens[0].strip("[](),|") in nested.choices:
+        return {**parser._option_string_actions, **nested.choices[tokens[0].strip("[](),|")]._option_string_actions}
+    return parser._option_string_actions
+
+
 def _commands_in(text: str) -> list[tuple[str, list[str]]]:
     """``ivralo-kernel SUB --flag ...`` in code, as (SUB, [tokens after it on that line])."""
     found = []
@@ -161,7 +169,7 @@ def test_every_cli_command_and_flag_named_exists() -> None:
             if sub not in subcommands:
                 problems.append(f"{page.name}: ivralo-kernel {sub}: no such subcommand")
                 continue
-            options = subcommands[sub]._option_string_actions
+            options = _options(subcommands[sub], tokens)
             for token in tokens:
                 flag = token.strip("[](),|").split("=")[0]
                 setting = re.fullmatch(r"--(Ivralo\w*)\.(\w+)", flag)

@@ -12,6 +12,7 @@ import pytest
 
 from ivralo_kernel.cli.app import main
 from ivralo_kernel.host import Session
+from ivralo_kernel.host.history_store import HistoryStore
 
 WRITES = """
 open('kept.txt', 'w').write('new')                 # Python overwrites: the old one is kept first
@@ -37,11 +38,11 @@ async def test_effects_of_python_and_sh_writes_and_a_delete(workspace: Path) -> 
     assert (workspace / "by-sh.txt").exists() and (workspace / "made/inner.txt").exists()
     assert not (workspace / "gone.txt").exists() and not (workspace / "scratch.txt").exists()
     assert files == {"created": ["by-sh.txt", "made/inner.txt"], "changed": ["kept.txt"], "deleted": ["gone.txt"]}
-    # The history's copies of what was overwritten and deleted, by id, byte for byte.
-    history = workspace / ".ivralo" / "history"
+    # The history's copies of what was overwritten and deleted, by the id `ivralo-kernel history` takes.
+    store = HistoryStore(workspace)
     assert set(effects["history"]) == {"kept.txt", "gone.txt"}
-    assert (history / effects["history"]["kept.txt"]).read_text() == "old"
-    assert (history / effects["history"]["gone.txt"]).read_text() == "gone"
+    assert store.read(store.find(effects["history"]["kept.txt"]))[0] == b"old"
+    assert store.read(store.find(effects["history"]["gone.txt"]))[0] == b"gone"
     assert effects["processes"] == ["sh"]
     assert effects["peak_rss_bytes"] > 10 << 20 and effects["wall_s"] >= 0 and effects["collect_ms"] >= 0
 

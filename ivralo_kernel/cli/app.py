@@ -8,6 +8,7 @@ import sys
 from typing import Any
 
 from ivralo_kernel import __version__
+from ivralo_kernel.cli import history
 from ivralo_kernel.protocol import IvraloError, names
 
 
@@ -176,6 +177,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--grant", action="append", metavar="NAME", help='a broker grant, e.g. "databases"; repeatable')
     p.epilog = SETTINGS_EPILOG
     p.set_defaults(func=_run)
+
+    history.add_parser(commands)
     return parser
 
 

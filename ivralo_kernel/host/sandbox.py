@@ -36,7 +36,7 @@ from ivralo_kernel.protocol.credentials import ScrubRule, config_home, credentia
 CLOSED_SEED = (".git", names.STATE_DIR, "databases.json")
 # What other tools run or read by themselves when the person next opens the folder.
 TOOL_FILES_DEFAULT = (".vscode", ".idea", ".envrc", ".gitmodules")
-HISTORY_DIR = os.path.join(names.STATE_DIR, "history")
+HISTORY_DIR = names.HISTORY_DIR
 ENV_SCAN_MAX_DIRS = 5000  # .env files are looked for this far; a larger tree is cut short (logged)
 ENV_SCAN_SKIP = frozenset({".git", "node_modules", ".venv", "venv", "__pycache__", ".tox", ".mypy_cache"})
 PROBE_TIMEOUT_S = 10.0

@@ -25,6 +25,7 @@ from typing import Any, TypeVar, cast
 
 from ivralo_kernel.host.config import WorkerConfig
 from ivralo_kernel.host.escalation import Phase
+from ivralo_kernel.host.history_store import HistoryError, HistoryStore, entry_dict, parse_time
 from ivralo_kernel.host.outputs import CellOutput, error_result, lost_names_message, with_effects
 from ivralo_kernel.host.pool import HostMemoryError, WorkerPool, WorkerPoolExhaustedError
 from ivralo_kernel.host.watchdog import Watchdog
@@ -373,6 +374,38 @@ class Session:
         await self._namespace(code, {})
         self._known_names = sorted({*self._known_names, name})
 
+    async def history(self, path: str | None = None) -> list[dict[str, Any]]:
+        """The workspace's kept copies (the write guard's, before a cell changed a file), newest first:
+        ``{"id", "time", "path", "operation", "size", "copy"}``; only those of ``path`` (a file, or the
+        files under a folder; relative to the workspace) if given. Read by the host: the kernel never can."""
+        store = HistoryStore(self.workspace)
+
+        def listed() -> list[dict[str, Any]]:
+            return [entry_dict(store, e) for e in store.listing(path, base=store.workspace)]
+
+        return await asyncio.to_thread(listed)
+
+    async def restore(self, target: str, *, at: str | None = None, force: bool = False) -> dict[str, Any]:
+        """Put a kept copy back, byte for byte: ``target`` is its ID, or with ``at`` (a time) a file's
+        path, restored as it was then. Refused over a newer change unless ``force``; what it overwrites
+        is kept as a copy first. Returns ``{"restored", "path", "size", "kept", "unchanged",
+        "created_folders", "message"}``; raises ``HistoryError`` (``NewerChangeError`` for a refusal)."""
+        if self.role == names.ROLE_READONLY:
+            raise HistoryError(
+                "this session's role is readonly, so it changes no files, restores included. Ask the person to "
+                "restore it: ivralo-kernel history restore ID"
+            )
+        store = HistoryStore(self.workspace)
+
+        def restored() -> dict[str, Any]:
+            if at is not None:
+                entry = store.at(target, parse_time(at), base=store.workspace)
+            else:
+                entry = store.find(target)
+            return store.restore(entry, force=force, force_flag="force=True").as_dict()
+
+        return await asyncio.to_thread(restored)
+
     async def _namespace(self, code: str, expressions: dict[str, str]) -> dict[str, Any]:
         """A silent execution for the namespace API, bounded by ``namespace_timeout_ms`` (not lethal)."""
         async with self._lock:
@@ -453,6 +486,12 @@ class SyncSession:
 
     def interrupt(self) -> dict[str, str] | None:
         return self._call(self._session.interrupt())
+
+    def history(self, path: str | None = None) -> list[dict[str, Any]]:
+        return self._call(self._session.history(path))
+
+    def restore(self, target: str, *, at: str | None = None, force: bool = False) -> dict[str, Any]:
+        return self._call(self._session.restore(target, at=at, force=force))
 
     @property
     def pid(self) -> int | None:

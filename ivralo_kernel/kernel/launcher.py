@@ -227,9 +227,7 @@ def _install_file_guards(policy: KernelPolicy, workspace: str) -> tuple[FileGuar
             os.path.realpath(d) for d in (ipython_dir, os.path.dirname(os.path.abspath(connection_file))) if d
         ),
     )
-    history = History(
-        os.path.join(workspace, names.STATE_DIR, "history"), policy.history_cap_bytes, policy.history_cap_count
-    )
+    history = History(os.path.join(workspace, names.HISTORY_DIR), policy.history_cap_bytes, policy.history_cap_count)
     trusted = policy.trusted if policy.trusted is not None else is_trusted(workspace, os.environ)
     return install_file_guard(fs_policy, history), trusted
 

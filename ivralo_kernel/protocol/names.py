@@ -69,6 +69,7 @@ ENV_PRODUCT_SQL_URL: Final = "IVRALO_SQL_URL"
 # Files in a workspace (and in the config home, for databases.json).
 STATE_DIR: Final = ".ivralo"
 WORKER_LOG: Final = ".ivralo/python-worker.log"
+HISTORY_DIR: Final = ".ivralo/history"  # copies the write guard keeps (protocol/history_index.py)
 DATABASES_FILE: Final = "databases.json"
 DOTENV_FILE: Final = ".env"
 

@@ -1,0 +1,264 @@
+"""Undo: what a cell overwrote, truncated, renamed over or deleted is listed and restored byte for byte,
+from the person's shell (``ivralo-kernel history``) and from the agent API (``Session.history/restore``),
+never from the kernel. A restore refuses to overwrite a newer change without --force, and keeps what it
+overwrites; a kernel that goes on writing after a host-side restore still prunes to its caps."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from ivralo_kernel.cli.app import main
+from ivralo_kernel.guards.history import History
+from ivralo_kernel.host import Session, SyncSession, WorkerConfig
+from ivralo_kernel.host.history_store import HistoryError, HistoryStore, NewerChangeError
+from ivralo_kernel.protocol.history_index import INDEX, parse_line
+
+# Binary, and different for each file: a restore that mixed them up, or decoded them, shows.
+PAYLOADS = {name: bytes(range(256)) * 20 + name.encode() for name in ("a.bin", "b.bin", "c.bin", "d.bin")}
+CHANGES = """
+import os
+open('a.bin', 'wb').write(b'overwritten')
+os.truncate('b.bin', 0)
+open('c.new', 'wb').write(b'renamed over'); os.replace('c.new', 'c.bin')
+os.remove('d.bin')
+"""
+OPERATIONS = {"a.bin": "open for writing", "b.bin": "truncate", "c.bin": "move onto", "d.bin": "delete"}
+
+
+def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(["history", *argv])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def latest_ids(ws: Path) -> dict[str, str]:
+    """Each file's newest copy's ID, from `history list --json` (newest first)."""
+    ids: dict[str, str] = {}
+    for entry in HistoryStore(ws).entries():
+        ids.setdefault(os.path.basename(entry.path), entry.id)
+    return ids
+
+
+def put_payloads(ws: Path) -> None:
+    for name, payload in PAYLOADS.items():
+        (ws / name).write_bytes(payload)
+        (ws / name).chmod(0o640)
+
+
+def assert_restored(ws: Path) -> None:
+    for name, payload in PAYLOADS.items():
+        assert (ws / name).read_bytes() == payload, f"{name} after {OPERATIONS[name]}"
+        assert (ws / name).stat().st_mode & 0o777 == 0o640, name
+
+
+def test_restore_after_overwrite_truncate_rename_over_and_delete(
+    workspace: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    put_payloads(workspace)
+    monkeypatch.chdir(workspace)
+    with SyncSession(workspace=workspace) as session:
+        assert isinstance(session.run(CHANGES), str)
+        assert not (workspace / "d.bin").exists() and (workspace / "c.bin").read_bytes() == b"renamed over"
+
+        # The person's shell: list, show, restore each, while the kernel still runs.
+        code, out, _ = cli(capsys, "list")
+        assert code == 0
+        for name, operation in OPERATIONS.items():
+            assert any(name in line and operation in line for line in out.splitlines()), (name, out)
+        listed = json.loads(cli(capsys, "list", "--json")[1])
+        assert [e["path"] for e in listed] == ["d.bin", "c.bin", "b.bin", "a.bin"], "newest first"
+        assert {e["path"]: e["size"] for e in listed} == {n: len(p) for n, p in PAYLOADS.items()}
+        code, out, _ = cli(capsys, "show", latest_ids(workspace)["a.bin"])
+        assert code == 0 and f"binary content, {len(PAYLOADS['a.bin'])} bytes" in out and "a.bin differs" in out, out
+        for name, copy_id in latest_ids(workspace).items():
+            code, out, err = cli(capsys, "restore", copy_id)
+            assert code == 0, err
+            assert out.startswith(f"Restored {name} "), out
+        assert_restored(workspace)
+        kept = [e for e in HistoryStore(workspace).entries() if e.operation == "restore"]
+        assert sorted(os.path.basename(e.path) for e in kept) == ["a.bin", "b.bin", "c.bin"]  # d.bin was gone
+
+        # The kernel changes them again; the agent API restores them.
+        assert isinstance(session.run(CHANGES), str)
+        copies = session.history()
+        assert {c["path"] for c in copies[:4]} == set(PAYLOADS), "newest first"
+        for name, copy_id in latest_ids(workspace).items():
+            done = session.restore(copy_id)
+            assert done["path"] == name and done["restored"] == copy_id and not done["unchanged"], done
+        assert_restored(workspace)
+        assert session.restore(latest_ids(workspace)["d.bin"])["unchanged"] is True  # twice: nothing to do
+
+        # Restoring is the host's act: the kernel still cannot read the history.
+        refused = session.run(f"open({os.path.join('.ivralo', 'history', INDEX)!r}).read()")
+        assert isinstance(refused, dict) and "read guard" in refused["error"], refused
+
+
+def test_a_restore_refuses_to_overwrite_a_newer_change(
+    workspace: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    notes = workspace / "notes.txt"
+    notes.write_text("the person's original\n")
+    monkeypatch.chdir(workspace)
+    with SyncSession(workspace=workspace) as session:
+        assert isinstance(session.run("open('notes.txt', 'w').write('the kernel wrote this\\n')"), str)
+        (copy,) = session.history("notes.txt")
+        # The person edits the file a minute after the kernel's change (its mtime says when).
+        notes.write_text("the person's later edit\n")
+        edited_at = os.stat(notes).st_mtime_ns // 1_000_000_000 + 60
+        os.utime(notes, (edited_at, edited_at))
+
+        code, _, err = cli(capsys, "restore", copy["id"])
+        assert code == 2 and "was modified at" in err and "add --force" in err, err
+        with pytest.raises(NewerChangeError, match="add force=True"):
+            session.restore(copy["id"])
+        assert notes.read_text() == "the person's later edit\n", "a refusal changes nothing"
+
+        code, out, err = cli(capsys, "restore", copy["id"], "--force")
+        assert code == 0 and "The state it replaced is kept as copy" in out, err
+        assert notes.read_text() == "the person's original\n"
+        kept = session.history("notes.txt")[0]
+        assert kept["operation"] == "restore"
+        assert (workspace / kept["copy"]).read_text() == "the person's later edit\n"
+        # The restore is undone like any other change: its copy is the newest, so no --force.
+        assert session.restore(kept["id"])["kept"] is not None
+        assert notes.read_text() == "the person's later edit\n"
+
+        # A later copy of the same file is a newer change too: the kernel wrote twice.
+        session.run("for text in ('one', 'two'): open('notes.txt', 'w').write(text)")
+        newest, older = session.history("notes.txt")[:2]
+        code, _, err = cli(capsys, "restore", older["id"])
+        assert code == 2 and f"the newest, {newest['id']}" in err, err
+        assert cli(capsys, "restore", newest["id"])[0] == 0
+        assert notes.read_text() == "one"
+
+
+def test_a_kernel_writing_after_a_host_restore_still_prunes_to_its_caps(workspace: Path) -> None:
+    (workspace / "f.txt").write_text("start")
+    config = WorkerConfig(history_cap_count=5)
+    with SyncSession(workspace=workspace, config=config) as session:
+        assert isinstance(session.run("for n in range(6): open('f.txt', 'w').write(str(n))"), str)
+        restored = session.restore(session.history()[-1]["id"], force=True)  # the oldest: adds a copy
+        folder = workspace / ".ivralo" / "history"
+        on_disk = {p.name for p in folder.iterdir() if not p.name.startswith(INDEX)}
+        assert len(on_disk) == 6, "the host's copy is added; the next kernel write prunes"
+        assert isinstance(session.run("for n in range(12): open('g.txt', 'w').write(str(n))"), str)
+    on_disk = {p.name for p in folder.iterdir() if not p.name.startswith(INDEX)}
+    lines = [parse_line(line) for line in (folder / INDEX).read_text().splitlines()]
+    indexed = {e.copy for e in lines if e is not None}
+    assert len(on_disk) == 5, sorted(on_disk)
+    assert on_disk <= indexed, "every copy on disk has its line (the kernel's compaction kept the host's)"
+    assert len(lines) <= 2 * 5
+    kept = {e.id for e in HistoryStore(workspace).entries()}
+    assert restored["kept"] not in kept and len(kept) == 5, "the host's copy counted, and pruned in its turn"
+
+
+# Without a kernel: the rules, on copies the write guard's own History makes --------------------------
+def kept_by_guard(ws: Path, name: str, operation: str = "open for writing") -> None:
+    History(str(ws / ".ivralo" / "history")).save(str(ws / name), operation)
+
+
+@pytest.mark.fast
+def test_ids_paths_and_times_pick_the_right_copy(workspace: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    ws = Path(os.path.realpath(workspace))
+    (ws / "sub").mkdir()
+    for text in ("v1", "v2", "v3"):
+        (ws / "sub" / "n.txt").write_text(text)
+        kept_by_guard(ws, "sub/n.txt")
+    (ws / "sub" / "n.txt").write_text("v4")
+    store = HistoryStore(ws)
+    entries = store.entries()
+    assert [store.read(e)[0] for e in entries] == [b"v3", b"v2", b"v1"], "newest first"
+    assert store.find(entries[1].id[:4]) == entries[1] == store.find(entries[1].copy)
+    with pytest.raises(HistoryError, match="no kept copy has the ID ffffffff"):
+        store.find("ffffffff")
+    assert store.listing("sub", base=str(ws)) == entries == store.listing("n.txt", base=str(ws / "sub"))
+    assert store.listing("other.txt", base=str(ws)) == []
+    # --at: the file as it was then, i.e. the first copy taken after that time.
+    assert store.at("sub/n.txt", entries[1].ns - 1, base=str(ws)) == entries[1]
+    assert store.at("sub/n.txt", 0, base=str(ws)) == entries[2]
+    with pytest.raises(HistoryError, match="no cell changed it since"):
+        store.at("sub/n.txt", entries[0].ns, base=str(ws))
+    code, out, _ = cli(capsys, "show", entries[2].id, "--workspace", str(ws))
+    assert code == 0 and out.rstrip().endswith("v1") and "sub/n.txt differs" in out, out
+    code, _, err = cli(capsys, "restore", "sub/n.txt", "--at", "not a time", "--workspace", str(ws))
+    assert code == 2 and "is not a time" in err, err
+
+
+@pytest.mark.fast
+def test_the_newer_change_rules(workspace: Path) -> None:
+    ws = Path(os.path.realpath(workspace))
+    store = HistoryStore(ws)
+    gone = ws / "gone.txt"
+    gone.write_text("kept")
+    kept_by_guard(ws, "gone.txt", "delete")
+    gone.unlink()
+    (entry,) = store.entries()
+    assert store.newer_change(entry) is None, "deleted and still gone: nothing newer"
+    gone.write_text("made again")
+    assert "created again since" in str(store.newer_change(entry))
+    with pytest.raises(NewerChangeError):
+        store.restore(entry)
+    assert store.restore(entry, force=True).kept is not None
+    assert gone.read_text() == "kept"
+    # A file that is now missing is no newer change: nothing would be overwritten.
+    (ws / "x.txt").write_text("x")
+    kept_by_guard(ws, "x.txt", "truncate")
+    os.truncate(ws / "x.txt", 0)
+    (x,) = store.listing("x.txt", base=str(ws))
+    assert store.newer_change(x) is None, "the truncate itself, moments after its copy, is not newer"
+    (ws / "x.txt").unlink()
+    assert store.newer_change(x) is None and store.restore(x).kept is None
+
+
+@pytest.mark.fast
+def test_a_forged_index_line_restores_nothing_outside_or_through_a_link(tmp_path: Path, workspace: Path) -> None:
+    """The history folder is writable from the kernel's side: its lines and copies are checked."""
+    ws = Path(os.path.realpath(workspace))
+    folder = ws / ".ivralo" / "history"
+    folder.mkdir(parents=True)
+    secret = tmp_path / "secret"
+    secret.write_text("not the workspace's")
+    (folder / "linked").symlink_to(secret)
+    os.link(secret, folder / "hard")
+    for name in ("plain1", "plain2"):
+        (folder / name).write_text("forged")
+    lines = [
+        (str(tmp_path / "outside.txt"), "plain1"),
+        (str(ws / ".git" / "hooks" / "pre-commit"), "plain2"),
+        (str(ws / "in.txt"), "linked"),
+        (str(ws / "in.txt"), "hard"),
+        (str(ws / "in.txt"), "../secret"),
+    ]
+    index = [
+        json.dumps({"time": f"2026-11-29T10:00:0{n}+0000", "path": p, "operation": "delete", "size": 6, "copy": c})
+        for n, (p, c) in enumerate(lines)
+    ]
+    (folder / INDEX).write_text("\n".join([*index, "not json"]) + "\n")
+    store = HistoryStore(ws)
+    outside, git, hard = sorted(store.entries(), key=lambda e: e.ns)  # lines without ns: read to the second
+    with pytest.raises(HistoryError, match="not inside the workspace"):
+        store.restore(outside)
+    with pytest.raises(HistoryError, match="where code may not write"):
+        store.restore(git)
+    with pytest.raises(HistoryError, match="not a plain file of the history"):
+        store.restore(hard)
+    with pytest.raises(HistoryError, match="it is a link"):  # not listed, and not read if swapped in later
+        store.read(dataclasses.replace(hard, copy="linked"))
+    assert not (tmp_path / "outside.txt").exists() and not (ws / ".git").exists() and not (ws / "in.txt").exists()
+
+
+@pytest.mark.fast
+def test_a_readonly_session_restores_nothing(workspace: Path) -> None:
+    async def check() -> None:
+        async with Session(workspace=workspace, role="readonly") as session:
+            assert await session.history() == []
+            with pytest.raises(HistoryError, match="role is readonly"):
+                await session.restore("abcd1234")
+
+    asyncio.run(check())
