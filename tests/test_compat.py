@@ -286,6 +286,11 @@ def test_input_request_asks_the_client_that_sent_the_request() -> None:
     client = context.socket(zmq.DEALER)
     client.setsockopt(zmq.IDENTITY, b"client-1")
     client.connect(f"tcp://127.0.0.1:{port}")
+    # A ROUTER drops a message to an identity it has not heard from yet: the client speaks first, and
+    # the kernel's socket hears it, before any input_request is sent (a handshake, not a race).
+    client.send(b"hello")
+    assert stdin.poll(10_000), "the client never reached the kernel's stdin socket"
+    assert stdin.recv_multipart() == [b"client-1", b"hello"]
     session = Session(key=b"compat")
     kernel = Kernel(session=session, stdin_socket=stdin, log=logging.getLogger("compat"))
     parent = session.msg("execute_request", {})
@@ -330,7 +335,7 @@ def test_cancel_on_sigint_is_what_ipykernel_wraps_an_awaiting_cell_in() -> None:
 
         async def cell():
             awaiting.set()
-            await asyncio.sleep(30)
+            await asyncio.sleep(600)  # far past the child's timeout: only the SIGINT can end it in time
 
         def interrupt():
             awaiting.wait(10)
@@ -349,14 +354,16 @@ def test_cancel_on_sigint_is_what_ipykernel_wraps_an_awaiting_cell_in() -> None:
         asyncio.run(main())
         """
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
+    try:
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
+    except subprocess.TimeoutExpired:  # the cancel waits for the loop's next wake-up (ipykernel#881)
+        raise AssertionError(
+            changed(
+                "ipykernel.ipkernel.IPythonKernel._cancel_on_sigint", entry, "SIGINT did not cancel the awaiting cell"
+            )
+        ) from None
     assert done.returncode == 0 and done.stdout.startswith("cancelled after"), changed(
         "ipykernel.ipkernel.IPythonKernel._cancel_on_sigint", entry, f"the child said {done.stdout!r} {done.stderr!r}"
-    )
-    assert float(done.stdout.split()[2]) < 5, changed(
-        "ipykernel.ipkernel.IPythonKernel._cancel_on_sigint",
-        entry,
-        f"SIGINT reached the awaiting cell late: {done.stdout}",
     )
 
 
