@@ -216,11 +216,12 @@ def check_tree(tree: ast.AST, rules: GateRules) -> Denial | None:
     allowed = rules.allowed_modules()
     names, attributes, calls = set(rules.denied_names), set(rules.denied_attributes), set(rules.denied_calls)
     aliases = _aliases(tree)
-    found: list[tuple[int, int, Denial]] = []
+    found: list[tuple[int, tuple[int, int], Denial]] = []
 
     def deny(node: ast.AST, rule: str, target: str, what: str) -> None:
-        line, col = getattr(node, "lineno", 0), getattr(node, "col_offset", 0)
-        found.append((line, col, Denial(rule, target, line, what)))
+        # Ordered by where each ends: in ``a.__bases__[0].__subclasses__()`` every node starts at ``a``.
+        line, end = getattr(node, "lineno", 0), (getattr(node, "end_lineno", 0), getattr(node, "end_col_offset", 0))
+        found.append((line, end, Denial(rule, target, line, what)))
 
     for node in ast.walk(tree):
         if isinstance(node, ast.Import) and allowed is not None:
