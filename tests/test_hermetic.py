@@ -70,6 +70,11 @@ async def test_a_hermetic_session(workspace: Path) -> None:
         scratch = "import os, tempfile\np = os.path.join(tempfile.gettempdir(), 'n.txt')\nopen(p, 'w').write('ok')\n"
         assert await s.run(scratch + "print(open(p).read())") == "ok\n"
 
+        # A child process too, where the Landlock floor is in force (the floor is the scratch folder).
+        if s.kernel_info["ivralo"]["layers"]["landlock"].startswith("ABI"):
+            touched = await s.run("import subprocess\nprint(subprocess.run(['touch', 'child.txt']).returncode)")
+            assert touched == "1\n" and not (workspace / "child.txt").exists()
+
         # No package installs: %pip says which surface has them.
         result = await s.run("%pip install six")
         assert isinstance(result, dict) and "%pip is not available on the hermetic surface" in result["error"]
