@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import ast
-import sys
 from typing import Any
 
 from IPython.core.error import InputRejected, UsageError
@@ -66,9 +65,8 @@ def install_cell_checks(shell: Any, hermetic: bool, gate: GateRules | None) -> C
     return checks
 
 
-def make_hermetic(shell: Any, helpers: Any) -> HermeticImports:
-    """The hermetic surface's imports and ``%pip``; ``import ivralo`` gives the helpers."""
-    sys.modules.setdefault("ivralo", helpers)
+def make_hermetic(shell: Any) -> HermeticImports:
+    """The hermetic surface's imports and ``%pip``."""
 
     def is_user_globals(namespace: Any) -> bool:
         return namespace is shell.user_global_ns

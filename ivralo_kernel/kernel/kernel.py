@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import sys
 import threading
 import time
 from typing import Any
@@ -76,11 +77,14 @@ class IvraloKernel(compat.KernelOverrides, IPythonKernel):
         # The broker's API, ready in every cell as `ivralo` (help(ivralo)); hidden from %who and
         # the namespace API, like IPython's own names.
         self.shell.push({"ivralo": api}, interactive=False)
+        # And importable as `ivralo` (the hermetic surface's one helper module), on every surface, so
+        # code written for the hermetic surface runs unchanged on the project one.
+        sys.modules.setdefault("ivralo", api)
         # Checked on each cell's AST before it runs: the hermetic surface's builtins, the code gate.
         hermetic = STATE.policy is not None and STATE.policy.surface == names.SURFACE_HERMETIC
         gate = STATE.policy.code_gate if STATE.policy is not None else None
         self.cell_checks = install_cell_checks(self.shell, hermetic, gate)
-        self.hermetic_imports = make_hermetic(self.shell, api) if hermetic else None
+        self.hermetic_imports = make_hermetic(self.shell) if hermetic else None
         self._effects: EffectsRecorder | None = None
         self._last_effects: Effects | None = None
         if STATE.workspace:
