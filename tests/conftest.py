@@ -55,6 +55,7 @@ def pytest_configure(config: pytest.Config) -> None:
     from ivralo_kernel.cli.install import install
 
     install(prefix=str(base / "prefix"))
+    install(prefix=str(base / "prefix"), surface="hermetic")  # ivralo-hermetic
     # The same kernel in its OS sandbox (bubblewrap): a start without it fails instead of falling back.
     install(
         prefix=str(base / "prefix"),

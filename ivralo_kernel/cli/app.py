@@ -25,15 +25,26 @@ def _install(args: argparse.Namespace) -> int:
     }
     settings = _chosen(args.settings, flags)  # a grace longer than the deadline is refused here
     prefix = sys.prefix if args.sys_prefix else args.prefix
-    where = install(
-        user=args.user,
-        prefix=prefix,
-        name=args.name,
-        python=args.python,
-        display_name=args.display_name,
-        provisioner_config={k: v for k, v in settings.items() if v is not None},
-    )
-    print(f"Installed kernelspec {args.name} in {where}")
+    # Both surfaces by default, so that the message that names the other one is true; --name or
+    # --surface writes one spec.
+    config = {k: v for k, v in settings.items() if v is not None}
+    chosen = args.surface or config.pop("surface", None)
+    config.pop("surface", None)
+    if chosen is not None or args.name:
+        surfaces = [chosen or names.SURFACE_PROJECT]
+    else:
+        surfaces = [names.SURFACE_PROJECT, names.SURFACE_HERMETIC]
+    for surface in surfaces:
+        where = install(
+            user=args.user,
+            prefix=prefix,
+            name=args.name,
+            python=args.python,
+            display_name=args.display_name,
+            provisioner_config=config,
+            surface=surface,
+        )
+        print(f"Installed kernelspec {os.path.basename(where)} in {where}")
     return 0
 
 
@@ -112,8 +123,18 @@ def build_parser() -> argparse.ArgumentParser:
     where.add_argument("--user", action="store_true", help="for the current user (Jupyter's user data dir)")
     where.add_argument("--sys-prefix", action="store_true", help="into this Python environment (sys.prefix)")
     where.add_argument("--prefix", metavar="P", help="under P/share/jupyter/kernels")
-    p.add_argument("--name", default=names.KERNEL_NAME, help="kernelspec name (default: %(default)s)")
+    p.add_argument(
+        "--name",
+        help=f"kernelspec name (default: {names.KERNEL_NAME}; {names.HERMETIC_KERNEL_NAME} for the hermetic surface)",
+    )
     p.add_argument("--display-name", help=f"name shown in the launcher (default: {names.DISPLAY_NAME})")
+    p.add_argument(
+        "--surface",
+        choices=names.SURFACES,
+        help=f"install one spec: project ({names.KERNEL_NAME}, the interpreter's packages) or hermetic "
+        f"({names.HERMETIC_KERNEL_NAME}, the standard library and ivralo's helpers only). Default: both, "
+        "unless --name is given",
+    )
     p.add_argument("--python", metavar="PATH", help="run the kernel with this interpreter (default: this one)")
     p.add_argument("--deadline-ms", type=int, metavar="MS", help="per-execution deadline (default: none)")
     p.add_argument("--interrupt-grace-ms", type=int, metavar="MS", help="grace after the deadline's interrupt")

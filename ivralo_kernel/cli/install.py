@@ -1,4 +1,5 @@
-"""[cli] ``ivralo-kernel install``: write the ``ivralo`` kernelspec where Jupyter looks for it."""
+"""[cli] ``ivralo-kernel install``: write the ``ivralo`` kernelspec where Jupyter looks for it, and the
+``ivralo-hermetic`` one (the hermetic surface: the standard library and ivralo's helpers only)."""
 
 from __future__ import annotations
 
@@ -46,20 +47,28 @@ def install(
     *,
     user: bool = False,
     prefix: str | None = None,
-    name: str = names.KERNEL_NAME,
+    name: str | None = None,
     python: str | None = None,
     display_name: str | None = None,
     provisioner_config: dict[str, Any] | None = None,
+    surface: str = names.SURFACE_PROJECT,
 ) -> str:
-    """Install the kernelspec; return the folder it was written to.
+    """Install one kernelspec; return the folder it was written to.
 
     ``provisioner_config`` holds IvraloProvisioner settings (deadline_ms, memory_limit_bytes, ...)
     that every host starting this kernelspec applies; they live in kernel.json, out of the code's reach.
+    ``surface`` "hermetic" writes the hermetic surface's spec (by default named ``ivralo-hermetic``).
     """
+    if surface not in names.SURFACES:
+        raise KernelSpecError(f"--surface {surface}: no such surface. Use one of: {', '.join(names.SURFACES)}.")
+    hermetic = surface == names.SURFACE_HERMETIC
+    name = name or (names.HERMETIC_KERNEL_NAME if hermetic else names.KERNEL_NAME)
+    config = dict(provisioner_config or {})
+    if hermetic:
+        config["surface"] = names.SURFACE_HERMETIC
     interpreter = check_python(python) if python else sys.executable
-    spec = kernel_spec_dict(
-        python=interpreter, display_name=display_name or names.DISPLAY_NAME, provisioner_config=provisioner_config
-    )
+    default_display = names.HERMETIC_DISPLAY_NAME if hermetic else names.DISPLAY_NAME
+    spec = kernel_spec_dict(python=interpreter, display_name=display_name or default_display, provisioner_config=config)
     with tempfile.TemporaryDirectory() as staging:
         Path(staging, "kernel.json").write_text(json.dumps(spec, indent=1) + "\n", encoding="utf-8")
         Path(staging, "logo-svg.svg").write_text(LOGO_SVG, encoding="utf-8")

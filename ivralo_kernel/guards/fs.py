@@ -6,7 +6,8 @@ them directly.
 * Writes are allowed only inside the workspace (resolved: symlinks, ``..``) and the kernel's own
   private temp folder; a symlink in the workspace that points out is outside. Closed even inside:
   ``.git/`` and ``.ivralo/`` (any case spelling), ``.env`` files, and ivralo's configuration when the
-  config home is the workspace. The read-only role refuses every write.
+  config home is the workspace. The read-only role refuses every write, and so does the hermetic
+  surface (both keep the private temp folder, the hermetic surface's scratch).
 * Reads are free except ``.env`` files (anywhere), ``.git/`` / ``.ivralo/`` (anywhere, any case) and
   the person's credential stores (``~/.ssh``, ``~/.aws``, ...: the policy's list).
 """
@@ -31,6 +32,7 @@ STOP = audience.TELL_THE_PERSON
 class FsPolicy:
     workspace: str  # resolved
     readonly: bool = False
+    hermetic: bool = False  # the hermetic surface: writes go to the scratch folder (writable_extra) only
     writable_extra: tuple[str, ...] = ()  # resolved: the kernel's private temp folder, /dev/null
     config_home_is_workspace: bool = False
     allow_during_startup: tuple[str, ...] = ()  # the kernel's own folders while it starts
@@ -79,6 +81,13 @@ def decide_write(operation: str, path: str, policy: FsPolicy, starting: bool = F
         return None
     if any(_inside(path, root) for root in policy.writable_extra):
         return None
+    if policy.hermetic:
+        scratch = policy.writable_extra[0] if policy.writable_extra else "its scratch folder"
+        return refuse(
+            f"the hermetic surface writes only to its scratch folder {scratch} (tempfile.gettempdir(), removed "
+            "with the kernel)",
+            'Write there, or run this on the project surface (the ivralo kernel, or Session(surface="project")).',
+        )
     if policy.readonly:
         return refuse(
             audience.for_audience(person="this kernel only reads (its role is readonly)", agent=READONLY_AGENT),

@@ -34,6 +34,12 @@ RAW_LAUNCH_ENV = {
     "history_cap_count": names.ENV_HISTORY_CAP_COUNT,
     "landlock": names.ENV_LANDLOCK,
     "landlock_network": names.ENV_LANDLOCK_NETWORK,
+    "surface": names.ENV_SURFACE,
+    "code_gate": names.ENV_CODE_GATE,
+    "code_gate_modules": names.ENV_CODE_GATE_MODULES,
+    "code_gate_denied_names": names.ENV_CODE_GATE_DENIED_NAMES,
+    "code_gate_denied_attributes": names.ENV_CODE_GATE_DENIED_ATTRIBUTES,
+    "code_gate_denied_calls": names.ENV_CODE_GATE_DENIED_CALLS,
 }
 
 
@@ -44,7 +50,12 @@ def raw_launch_env(settings: Mapping[str, Any]) -> dict[str, str]:
         value = settings.get(name)
         if value is None:
             continue
-        env[var] = ("on" if value else "off") if isinstance(value, bool) else str(value)
+        if isinstance(value, bool):
+            env[var] = "on" if value else "off"
+        elif isinstance(value, (list, tuple)):  # module and attribute names hold no comma
+            env[var] = ",".join(map(str, value))
+        else:
+            env[var] = str(value)
     return env
 
 

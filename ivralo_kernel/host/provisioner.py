@@ -106,6 +106,8 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
             credential_stores=credential_store_paths(os.environ, self.credential_stores),
             history_cap_bytes=self.history_cap_bytes,
             history_cap_count=self.history_cap_count,
+            surface=self.surface,
+            code_gate=self.gate_rules(),
         )
 
     def watchdog_settings(self) -> WatchdogSettings:

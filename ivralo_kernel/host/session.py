@@ -23,6 +23,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar, cast
 
+from ivralo_kernel.host.code_gate import DONE_WITH_ERRORS, gate_refusal, is_refusal
 from ivralo_kernel.host.config import WorkerConfig
 from ivralo_kernel.host.escalation import Phase
 from ivralo_kernel.host.history_store import HistoryError, HistoryStore, entry_dict, parse_time
@@ -66,7 +67,7 @@ class Session:
         grants: tuple[str, ...] = (),
         ask: Callable[[str, tuple[str, ...]], Awaitable[str]] | None = None,
         approve: Callable[[str], Awaitable[bool]] | None = None,
-        surface: str = "project",
+        surface: str | None = None,
         gateway_url: str | None = None,
         *,
         python: str | None = None,
@@ -79,6 +80,14 @@ class Session:
                 "a Session given a pool runs on the pool's workers, so these would be ignored",
                 "Give them to WorkerPool(...) instead",
             )
+        if pool is not None and surface is not None and surface != pool.config.surface:
+            raise ConfigError(
+                "surface",
+                f"{surface!r} differs from the pool's surface {pool.config.surface!r}, whose workers this session uses",
+                f'Give the pool WorkerConfig(surface="{surface}"), or leave surface out',
+            )
+        if pool is None and surface is not None:  # validated like every setting: one surface model
+            config = (config or WorkerConfig()).replace(surface=surface)
         self._pool = pool or WorkerPool(workspace, config, role, python)
         self._owns_pool = pool is None
         self.workspace = self._pool.settings.workspace
@@ -86,7 +95,8 @@ class Session:
         self.role = self._pool.settings.role
         self.grants = tuple(grants)
         self.ask, self.approve = ask, approve
-        self.surface, self.gateway_url = surface, gateway_url
+        self.surface, self.gateway_url = self.config.surface, gateway_url
+        self._gate = self.config.settings.gate_rules()  # None: the code gate is off
         self._lock = asyncio.Lock()
         self._worker: Worker | None = None
         self._known_names: list[str] = []
@@ -123,6 +133,9 @@ class Session:
     async def run(self, code: str) -> RunResult:
         """Run ``code``; return its printed output, or the error dict."""
         async with self._lock:
+            refused = gate_refusal(code, self._gate)  # before anything: denied code never starts a worker
+            if refused is not None:
+                return refused
             if self.approve is not None and not await self.approve(code):
                 return error_result("", "refused: the person did not approve this code", "done_with_errors")
             try:
@@ -228,6 +241,8 @@ class Session:
             return error_result(out.text, names.INTERRUPTED_TEXT.format(deadline_ms=self.config.deadline_ms))
         if out.error is not None or content.get("status") == "error":
             error = out.error or f"{content.get('ename')}: {content.get('evalue')}"
+            if is_refusal(error):  # the kernel's own check refused it before it ran
+                return error_result(out.text, error, DONE_WITH_ERRORS)
             return error_result(out.text, error)
         return out.text
 
@@ -347,7 +362,9 @@ class Session:
     async def set_var(self, name: str, value: Any) -> None:
         """Bind ``name`` in the namespace to a JSON-serialisable ``value``."""
         _check_name(name)
-        await self._namespace(f"{name} = __import__('json').loads({json.dumps(value)!r})", {})
+        # An import statement, not __import__: the hermetic surface and the code gate refuse that builtin.
+        code = f"import json as _ivralo_json\n{name} = _ivralo_json.loads({json.dumps(value)!r})\ndel _ivralo_json"
+        await self._namespace(code, {})
         self._known_names = sorted({*self._known_names, name})
 
     async def snapshot(self) -> dict[str, str]:
@@ -363,7 +380,8 @@ class Session:
 
     async def reset(self) -> None:
         """Empty the namespace; the worker keeps running."""
-        await self._namespace("get_ipython().reset(new_session=False)", {})
+        # As an expression (evaluated, not run as a cell): the code gate refuses get_ipython in a cell.
+        await self._namespace("pass", {"reset": "get_ipython().reset(new_session=False)"})
         self._known_names = []
 
     async def inject_dataframe(self, name: str, frame: Any) -> None:

@@ -31,6 +31,15 @@ from ivralo_kernel.host.kernelspec import raw_launch_env
 from ivralo_kernel.host.sandbox import TOOL_FILES_DEFAULT
 from ivralo_kernel.protocol import ConfigError, names
 from ivralo_kernel.protocol.audience import AGENT, AUDIENCES, PERSON
+from ivralo_kernel.protocol.code_gate import (
+    DEFAULT_DENIED_ATTRIBUTES,
+    DEFAULT_DENIED_CALLS,
+    DEFAULT_DENIED_NAMES,
+    DEFAULT_MODULES,
+    REACHES_OUTSIDE,
+    STDLIB,
+    GateRules,
+)
 from ivralo_kernel.protocol.credentials import CREDENTIAL_STORES
 
 GIB = 1 << 30
@@ -104,6 +113,57 @@ class IvraloSettings(Configurable):  # type: ignore[misc]
         config=True,
         help="Who reads the kernel's refusals: person (a notebook, a console: the refusal names what and why, "
         "and what the person can do) or agent (an agent's tool: it also tells the agent to stop and say so).",
+    )
+    surface = Choice(
+        names.SURFACES,
+        default_value=names.SURFACE_PROJECT,
+        config=True,
+        help="Where the kernel's Python runs. project: the interpreter with its installed packages. hermetic: "
+        "the standard library and ivralo's helpers only (other imports are refused, naming both surfaces), "
+        "no exec, eval, compile or __import__ (refused before the cell runs), writes only to the kernel's "
+        "scratch folder (its TMPDIR, removed with it), no %pip. Both run in the same sandbox, under the same "
+        "deadline, memory limits and egress policy. The ivralo-hermetic kernelspec sets it.",
+    )
+    code_gate = Flag(
+        False,
+        config=True,
+        help="The static code gate: each cell is checked against code_gate_modules and the code_gate_denied_* "
+        "lists before it runs, on the host (denied code never starts a worker) and again in the kernel. A "
+        "denial is a SecurityError naming the rule. A convenience for agents that want it, not a boundary: "
+        "the runtime guards are. Off by default.",
+    )
+    code_gate_modules = List(
+        Unicode(),
+        None,
+        allow_none=True,
+        config=True,
+        help=f'Top-level modules the code gate lets code import. "{STDLIB}" stands for the standard library '
+        f"less the modules that reach outside Python ({', '.join(REACHES_OUTSIDE)}); name one of those, or "
+        f'a package such as "numpy", to add it. None: {list(DEFAULT_MODULES)}.',
+    )
+    code_gate_denied_names = List(
+        Unicode(),
+        None,
+        allow_none=True,
+        config=True,
+        help=f"Names the code gate refuses wherever code uses them. None: {', '.join(DEFAULT_DENIED_NAMES)}.",
+    )
+    code_gate_denied_attributes = List(
+        Unicode(),
+        None,
+        allow_none=True,
+        config=True,
+        help="Attributes the code gate refuses (also as getattr's constant string). None: "
+        f"{', '.join(DEFAULT_DENIED_ATTRIBUTES)}.",
+    )
+    code_gate_denied_calls = List(
+        Unicode(),
+        None,
+        allow_none=True,
+        config=True,
+        help="Calls the code gate refuses, by dotted name through the code's import aliases (os.system). "
+        "None: os.system, os.popen, the os.exec* and os.spawn* family, os.fork, os.kill, importlib.import_module, "
+        "sys._getframe and the builtins module's eval, exec, compile and __import__.",
     )
     deadline_ms = Count(
         None,
@@ -228,6 +288,21 @@ class IvraloSettings(Configurable):  # type: ignore[misc]
                 f"{soft} is above memory_hard_limit_bytes={hard}",
                 "The soft limit warns before the hard limit kills: make it the smaller one",
             )
+
+    def gate_rules(self) -> GateRules | None:
+        """The code gate's rules, or None when the gate is off."""
+        if not self.code_gate:
+            return None
+
+        def given(value: list[str] | None, default: tuple[str, ...]) -> tuple[str, ...]:
+            return default if value is None else tuple(value)
+
+        return GateRules(
+            modules=given(self.code_gate_modules, DEFAULT_MODULES),
+            denied_names=given(self.code_gate_denied_names, DEFAULT_DENIED_NAMES),
+            denied_attributes=given(self.code_gate_denied_attributes, DEFAULT_DENIED_ATTRIBUTES),
+            denied_calls=given(self.code_gate_denied_calls, DEFAULT_DENIED_CALLS),
+        )
 
     def kernel_settings(self) -> dict[str, Any]:
         """Every setting of the kernel itself (what a provisioner is configured with), by name."""

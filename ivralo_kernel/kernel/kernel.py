@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import sys
 import threading
 import time
 from typing import Any
@@ -27,6 +28,7 @@ from ivralo_kernel import __version__, compat
 from ivralo_kernel.guards.network import hosts_tried_line
 from ivralo_kernel.kernel import api
 from ivralo_kernel.kernel.broker_client import BROKER, HOST_CONNECT_TIMEOUT_S
+from ivralo_kernel.kernel.cell_checks import SecurityError, install_cell_checks, make_hermetic
 from ivralo_kernel.kernel.deadline import DeadlineNotices, InKernelWatchdog, SupervisorBackstop
 from ivralo_kernel.kernel.effects import EffectsRecorder
 from ivralo_kernel.kernel.egress_judge import answer_proxy_question
@@ -75,6 +77,14 @@ class IvraloKernel(compat.KernelOverrides, IPythonKernel):
         # The broker's API, ready in every cell as `ivralo` (help(ivralo)); hidden from %who and
         # the namespace API, like IPython's own names.
         self.shell.push({"ivralo": api}, interactive=False)
+        # And importable as `ivralo` (the hermetic surface's one helper module), on every surface, so
+        # code written for the hermetic surface runs unchanged on the project one.
+        sys.modules.setdefault("ivralo", api)
+        # Checked on each cell's AST before it runs: the hermetic surface's builtins, the code gate.
+        hermetic = STATE.policy is not None and STATE.policy.surface == names.SURFACE_HERMETIC
+        gate = STATE.policy.code_gate if STATE.policy is not None else None
+        self.cell_checks = install_cell_checks(self.shell, hermetic, gate)
+        self.hermetic_imports = make_hermetic(self.shell) if hermetic else None
         self._effects: EffectsRecorder | None = None
         self._last_effects: Effects | None = None
         if STATE.workspace:
@@ -106,6 +116,7 @@ class IvraloKernel(compat.KernelOverrides, IPythonKernel):
             "bootstrap_ms": STATE.bootstrap_ms,
             "workspace": STATE.workspace,
             "role": STATE.role,
+            "surface": STATE.policy.surface if STATE.policy is not None else names.SURFACE_PROJECT,
             "layers": dict(STATE.layers),
             "scrubbed": list(STATE.scrubbed),
             "notes": list(STATE.notes),  # as the banner shows them
@@ -330,7 +341,8 @@ def _without_guard_frames(tb: Any) -> Any:
 
 def _show_exception(shell: Any, etype: type, value: BaseException, tb: Any, tb_offset: int | None = None) -> list[str]:
     """IPython's custom-exception hook: the deadline message for its KeyboardInterrupt; a guard's
-    refusal without the guard's frames; anything else as usual."""
+    refusal without the guard's frames; a cell refused before it ran as its one sentence; anything else
+    as usual."""
     kernel = shell.kernel
     if issubclass(etype, KeyboardInterrupt):
         msg_id = kernel._executing if isinstance(kernel, IvraloKernel) else None
@@ -339,6 +351,10 @@ def _show_exception(shell: Any, etype: type, value: BaseException, tb: Any, tb_o
             stb = [DeadlineNotices.text(deadline_ms)]
             compat.show_traceback(shell, etype, value, stb)
             return stb
+    elif issubclass(etype, SecurityError):  # refused before it ran: no line of it, and none of IPython's
+        stb_only = SecurityError._render_traceback_(value)  # type: ignore[arg-type]
+        compat.show_traceback(shell, etype, value, stb_only)
+        return stb_only
     else:
         tb = _without_guard_frames(tb)
     stb_: list[str] = shell.InteractiveTB.structured_traceback(etype, value, tb, tb_offset=tb_offset)

@@ -59,6 +59,13 @@ def _credential_stores(policy: KernelPolicy, workspace: str) -> tuple[str, ...]:
     return tuple(sorted(p for p in stores if not (workspace == p or workspace.startswith(p + os.sep))))
 
 
+def _writes_scratch_only(policy: KernelPolicy) -> bool:
+    """The readonly role and the hermetic surface write nowhere but the private temp folder: for the
+    hermetic surface it is the scratch folder, which ``tempfile`` uses and which goes with the kernel,
+    so pure-logic code that needs a file still has one, and nothing it writes outlives it."""
+    return policy.role == names.ROLE_READONLY or policy.surface == names.SURFACE_HERMETIC
+
+
 def _add_workspace_to_path() -> None:
     """Put the working directory on sys.path after the standard library, as IPython does."""
     if "" in sys.path:
@@ -115,7 +122,7 @@ def _apply_landlock(policy: KernelPolicy, workspace: str, tmp: str) -> tuple[str
         return "off (turned off by the host's settings)", "off (the Landlock write floor is off)"
     if len(os.listdir("/proc/self/task")) != 1:  # a thread started earlier would keep write access
         return "not applied: a thread was already running", "not applied: a thread was already running"
-    write_trees = (tmp, *DEVICE_TREES) if policy.role == names.ROLE_READONLY else (workspace, tmp, *DEVICE_TREES)
+    write_trees = (tmp, *DEVICE_TREES) if _writes_scratch_only(policy) else (workspace, tmp, *DEVICE_TREES)
     ports = _tcp_floor_ports(policy, workspace)
     connection_file = _connection_file()
     write_files = (*DEVICE_FILES, connection_file) if connection_file else DEVICE_FILES
@@ -218,6 +225,7 @@ def _install_file_guards(policy: KernelPolicy, workspace: str) -> tuple[FileGuar
     fs_policy = FsPolicy(
         workspace=workspace,
         readonly=policy.role == names.ROLE_READONLY,
+        hermetic=policy.surface == names.SURFACE_HERMETIC,
         writable_extra=(tmp, *DEVICE_FILES, *DEVICE_TREES),
         config_home_is_workspace=os.path.realpath(config_home(os.environ)) == workspace,
         closed_reads=_credential_stores(policy, workspace),
@@ -274,6 +282,8 @@ def main() -> None:
             "core_dumps": False,
             "dumpable": limits.dumpable,
             "bytecode_written": False,
+            "surface": policy.surface,
+            "code_gate": "on (checked on each cell before it runs)" if policy.code_gate else "off",
         }
         reporter.reached_stage(names.STAGE_GUARDS_INSTALLED)
 

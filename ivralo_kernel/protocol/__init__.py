@@ -8,8 +8,10 @@ from ivralo_kernel.protocol.credentials import database_env_names, is_secret_nam
 from ivralo_kernel.protocol.errors import (
     ConfigError,
     GuardRefusal,
+    HermeticImportError,
     IvraloError,
     KernelSpecError,
+    SecurityError,
     TrustGateError,
     WorkerBootstrapError,
 )
@@ -18,9 +20,11 @@ from ivralo_kernel.protocol.policy import KernelPolicy, default_memory_limit
 __all__ = [
     "ConfigError",
     "GuardRefusal",
+    "HermeticImportError",
     "IvraloError",
     "KernelPolicy",
     "KernelSpecError",
+    "SecurityError",
     "TrustGateError",
     "WorkerBootstrapError",
     "database_env_names",

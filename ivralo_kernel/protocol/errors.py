@@ -6,7 +6,9 @@ so code that catches ``ValueError`` or ``RuntimeError`` keeps working::
      ├── KernelSpecError(ValueError)        an install request cannot be honoured
      ├── WorkerBootstrapError(RuntimeError) a kernel did not become ready; names pid, budget, log
      ├── GuardRefusal(PermissionError)      a guard refused an operation; names what and why
-     └── TrustGateError(ImportError)        the folder is not trusted, so its own code is not imported
+     ├── SecurityError(PermissionError)     the code gate (or the hermetic surface) refused code before it ran
+ ├── TrustGateError(ImportError)        the folder is not trusted, so its own code is not imported
+ └── HermeticImportError(ModuleNotFoundError)  the hermetic surface imports the standard library only
 """
 
 from __future__ import annotations
@@ -55,3 +57,32 @@ class TrustGateError(IvraloError, ImportError):
 
     def __init__(self, message: str, *, name: str | None = None) -> None:
         super().__init__(audience.addressed(message), name=name)
+
+
+class SecurityError(IvraloError, PermissionError):
+    """Code refused before it ran: the static code gate, or the hermetic surface's builtins rule.
+
+    The message names the rule (the setting that holds it) and what it matched.
+    """
+
+    def __init__(self, message: str, *, rule: str) -> None:
+        self.rule = rule
+        super().__init__(13, message)
+
+    def __str__(self) -> str:
+        return str(self.args[1])
+
+
+class HermeticImportError(IvraloError, ModuleNotFoundError):
+    """A module that is not on the hermetic surface was imported; the message names both surfaces."""
+
+    def __init__(self, module: str) -> None:
+        super().__init__(hermetic_import_message(module), name=module)
+
+
+def hermetic_import_message(module: str) -> str:
+    return (
+        f"No module named {module!r} on the hermetic surface, which sees only the standard library and "
+        f'ivralo\'s helpers (the ivralo-hermetic kernel, Session(surface="hermetic")). Installed packages are on '
+        f'the project surface: switch to the ivralo kernel, or use Session(surface="project").'
+    )

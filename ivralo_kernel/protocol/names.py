@@ -10,6 +10,9 @@ from typing import Final
 KERNEL_NAME: Final = "ivralo"
 DISPLAY_NAME: Final = "Python (ivralo)"
 PROVISIONER_NAME: Final = "ivralo-provisioner"
+# The hermetic surface's kernelspec (the standard library and ivralo's helpers only).
+HERMETIC_KERNEL_NAME: Final = "ivralo-hermetic"
+HERMETIC_DISPLAY_NAME: Final = "Python (ivralo, hermetic)"
 IMPLEMENTATION: Final = "ivralo"
 
 # Environment the host (provisioner or Session) and the supervisor hand to the kernel.
@@ -30,6 +33,13 @@ ENV_LANDLOCK: Final = "IVRALO_LANDLOCK"  # "off" turns the OS write floor off (t
 ENV_LANDLOCK_NETWORK: Final = "IVRALO_LANDLOCK_NETWORK"  # "on": the TCP connect floor (off by default)
 ENV_TMPDIR: Final = "IVRALO_TMPDIR"  # the kernel's private temp folder, made and removed by the supervisor
 ENV_INTERRUPT_GRACE_MS: Final = "IVRALO_INTERRUPT_GRACE_MS"
+ENV_SURFACE: Final = "IVRALO_SURFACE"  # "project" or "hermetic"
+# The static code gate for a raw launch: "on", and its lists comma-separated (unset: the defaults).
+ENV_CODE_GATE: Final = "IVRALO_CODE_GATE"
+ENV_CODE_GATE_MODULES: Final = "IVRALO_CODE_GATE_MODULES"
+ENV_CODE_GATE_DENIED_NAMES: Final = "IVRALO_CODE_GATE_DENIED_NAMES"
+ENV_CODE_GATE_DENIED_ATTRIBUTES: Final = "IVRALO_CODE_GATE_DENIED_ATTRIBUTES"
+ENV_CODE_GATE_DENIED_CALLS: Final = "IVRALO_CODE_GATE_DENIED_CALLS"
 # The id of the broker comm, chosen by the host before launch. Nothing about the comm travels on
 # shell, where a client's first execute_request could overtake a comm_open, and no frontend ever sees
 # it opened (a frontend closes comms whose target it does not know). Requests travel as comm_msg on
@@ -84,6 +94,12 @@ STAGES: Final = (STAGE_INTERPRETER_UP, STAGE_LIMITS_APPLIED, STAGE_GUARDS_INSTAL
 ROLE_SPECIALIST: Final = "specialist"
 ROLE_READONLY: Final = "readonly"
 ROLES: Final = (ROLE_SPECIALIST, ROLE_READONLY)
+
+# Where an agent's Python runs: the project's interpreter and packages, or the hermetic surface
+# (the standard library and ivralo's helpers only, writes to a scratch folder only).
+SURFACE_PROJECT: Final = "project"
+SURFACE_HERMETIC: Final = "hermetic"
+SURFACES: Final = (SURFACE_PROJECT, SURFACE_HERMETIC)
 
 # The section of kernel_info_reply that says this is an ivralo kernel and what is in force.
 KERNEL_INFO_SECTION: Final = "ivralo"

@@ -15,6 +15,7 @@ from typing import Any
 
 from ivralo_kernel.protocol import names
 from ivralo_kernel.protocol.audience import AUDIENCES
+from ivralo_kernel.protocol.code_gate import GateRules
 from ivralo_kernel.protocol.errors import ConfigError
 
 GIB = 1 << 30
@@ -57,8 +58,16 @@ class KernelPolicy:
     credential_stores: tuple[str, ...] | None = None
     # Who reads the refusals (protocol.audience): a person at a notebook, or an agent's tool.
     audience: str = "person"
+    # The project surface (the interpreter's packages), or the hermetic one (names.SURFACES).
+    surface: str = names.SURFACE_PROJECT
+    # The static code gate's rules, checked on each cell before it runs; None: no gate.
+    code_gate: GateRules | None = None
 
     def __post_init__(self) -> None:
+        if self.surface not in names.SURFACES:
+            raise ConfigError(
+                "surface", f"{self.surface!r} is not a surface", f"Use one of: {', '.join(names.SURFACES)}"
+            )
         if self.audience not in AUDIENCES:
             raise ConfigError(
                 "audience", f"{self.audience!r} is not an audience", f"Use one of: {', '.join(AUDIENCES)}"
@@ -88,6 +97,8 @@ class KernelPolicy:
         known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
         if isinstance(known.get("credential_stores"), list):
             known["credential_stores"] = tuple(known["credential_stores"])
+        if isinstance(known.get("code_gate"), dict):
+            known["code_gate"] = GateRules.from_dict(known["code_gate"])
         return cls(**known)
 
     @classmethod
@@ -106,6 +117,10 @@ class KernelPolicy:
             fields["role"] = env[names.ENV_ROLE]
         if env.get(names.ENV_AUDIENCE):
             fields["audience"] = env[names.ENV_AUDIENCE]
+        if env.get(names.ENV_SURFACE):
+            fields["surface"] = env[names.ENV_SURFACE]
+        if env.get(names.ENV_CODE_GATE, "").lower() in ("1", "on", "true", "yes"):
+            fields["code_gate"] = _gate_from_env(env)
         for var, field in (
             (names.ENV_MEMORY_LIMIT, "memory_limit_bytes"),
             (names.ENV_RLIMIT_NOFILE, "rlimit_nofile"),
@@ -121,3 +136,17 @@ class KernelPolicy:
                 except ValueError:
                     raise ConfigError(var, f"{raw!r} is not a whole number", "Set it to a byte or file count") from None
         return cls(**fields)
+
+
+def _gate_from_env(env: Mapping[str, str]) -> GateRules:
+    """The gate's rules from a raw launch's variables; a list not given keeps its default."""
+    given: dict[str, object] = {}
+    for var, field in (
+        (names.ENV_CODE_GATE_MODULES, "modules"),
+        (names.ENV_CODE_GATE_DENIED_NAMES, "denied_names"),
+        (names.ENV_CODE_GATE_DENIED_ATTRIBUTES, "denied_attributes"),
+        (names.ENV_CODE_GATE_DENIED_CALLS, "denied_calls"),
+    ):
+        if var in env:
+            given[field] = [item.strip() for item in env[var].split(",") if item.strip()]
+    return GateRules.from_dict(given)
