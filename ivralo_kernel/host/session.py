@@ -21,7 +21,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from ivralo_kernel.host.code_gate import DONE_WITH_ERRORS, gate_refusal, is_refusal
 from ivralo_kernel.host.config import WorkerConfig
@@ -34,6 +34,9 @@ from ivralo_kernel.host.worker import Worker
 from ivralo_kernel.protocol import ConfigError, WorkerBootstrapError, names
 from ivralo_kernel.protocol.messages import Effects
 from ivralo_kernel.protocol.processes import describe_exit
+
+if TYPE_CHECKING:
+    from ivralo_kernel.host.attach import AttachedSession
 
 RunResult = str | dict[str, str]
 T = TypeVar("T")
@@ -112,6 +115,15 @@ class Session:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+    @staticmethod
+    def connect(connection_file: str, timeout_s: float | None = None) -> AttachedSession:
+        """A session on a kernel the person already runs (its ``kernel-*.json``): ``async with
+        Session.connect(path) as s: await s.run(code)``. ivralo did not start it, so its guards cannot
+        be applied afterwards, and the first result says so; an ivralo kernel reports its ``layers``."""
+        from ivralo_kernel.host.attach import AttachedSession
+
+        return AttachedSession(connection_file, timeout_s)
 
     @property
     def kernel_info(self) -> dict[str, Any]:
