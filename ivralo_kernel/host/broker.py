@@ -136,6 +136,7 @@ class BrokerResponder:
                 name: {"read_only": entry.read_only, "granted": GRANT_DATABASES in self.grants}
                 for name, entry in sorted(self.databases.entries.items())
             },
+            "hosts": self.egress.allowed_hosts(),
         }
 
     # -- brokered calls --------------------------------------------------------------------

@@ -124,6 +124,13 @@ class EgressDesk:
             question.set_result((bool(answer["allowed"]), str(answer["reason"])))
         reply(answer)
 
+    def allowed_hosts(self) -> list[str]:
+        """What code here may reach without being asked: hosts.allow's entries (host, or host:port),
+        and the hosts a person said yes to for this worker's life."""
+        policy = self.policy()
+        listed = [e.host if e.port is None else f"{e.host}:{e.port}" for e in policy.allow] if not policy.closed else []
+        return [*listed, *(f"{host} (yes this time)" for host, yes in self._granted.items() if yes)]
+
     def decide(self, host: str, port: int, execution: str | None, prompt: Prompt | None, pause: Pause) -> Decision:
         """(the egress proxy's thread; blocks) Judge ``host:port`` for a sandboxed kernel's traffic."""
         host = host.lower().rstrip(".")

@@ -390,6 +390,23 @@ class Session:
         types = ast.literal_eval(result["data"]["text/plain"]) if result.get("status") == "ok" else {}
         return {str(k): str(v) for k, v in sorted(types.items())}
 
+    async def apropos(self, word: str) -> str:
+        """What the worker's surface offers matching ``word`` (``%apropos``): ivralo's helpers, the
+        brokered operations and databases (and whether this session is granted each), the hosts code
+        may reach, the modules it can import. Asked of the surface itself, never assumed."""
+        return await self._text_of("apropos", word)
+
+    async def doc(self, name: str) -> str:
+        """What ``name`` is on the worker's surface (``%doc``)."""
+        return await self._text_of("doc", name)
+
+    async def _text_of(self, helper: str, argument: str) -> str:
+        content = await self._namespace("", {"text": f"ivralo.{helper}({argument!r})"})
+        result = content.get("user_expressions", {}).get("text", {})
+        if result.get("status") != "ok":
+            raise ValueError(f"{helper}({argument!r}): {result.get('ename')}: {result.get('evalue')}")
+        return str(ast.literal_eval(result["data"]["text/plain"]))
+
     async def reset(self) -> None:
         """Empty the namespace; the worker keeps running."""
         # As an expression (evaluated, not run as a cell): the code gate refuses get_ipython in a cell.
@@ -510,6 +527,12 @@ class SyncSession:
 
     def snapshot(self) -> dict[str, str]:
         return self._call(self._session.snapshot())
+
+    def apropos(self, word: str) -> str:
+        return self._call(self._session.apropos(word))
+
+    def doc(self, name: str) -> str:
+        return self._call(self._session.doc(name))
 
     def reset(self) -> None:
         self._call(self._session.reset())

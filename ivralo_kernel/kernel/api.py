@@ -29,7 +29,18 @@ from typing import Any
 from ivralo_kernel.kernel.broker_client import BROKER, BrokerUnavailable
 from ivralo_kernel.protocol import names
 
-__all__ = ["ApiResponse", "BrokerError", "BrokerRefused", "call", "databases", "operations", "sql"]
+__all__ = [
+    "ApiResponse",
+    "BrokerError",
+    "BrokerRefused",
+    "apropos",
+    "call",
+    "databases",
+    "doc",
+    "hosts",
+    "operations",
+    "sql",
+]
 
 # The host bounds each call itself (an operation's timeout, a database's); this only ends a wait
 # for a host that went away.
@@ -138,6 +149,28 @@ def databases() -> dict[str, str]:
         grant = "granted" if info.get("granted") else 'needs the "databases" grant'
         found[name] = f"{mode} ({grant})"
     return found
+
+
+def apropos(word: str) -> str:
+    """What this kernel's surface offers matching WORD: helpers, brokered operations and databases,
+    hosts code may reach, importable modules (``%apropos WORD`` prints it)."""
+    from ivralo_kernel.kernel.surface_magics import apropos as offered
+
+    return offered(word)
+
+
+def doc(name: str) -> str:
+    """What NAME is here: an ``ivralo`` helper, a brokered operation or database, or a module of this
+    surface (``%doc NAME`` prints it)."""
+    from ivralo_kernel.kernel.surface_magics import doc as described
+
+    return described(name)
+
+
+def hosts() -> list[str]:
+    """The hosts code here may reach without being asked (hosts.allow, and this kernel's "yes"es)."""
+    catalog = _ask(names.BROKER_CATALOG, {}, CATALOG_TIMEOUT_S)
+    return [str(host) for host in catalog.get("hosts") or []]
 
 
 def record_line(records: Sequence[Mapping[str, Any]]) -> str:

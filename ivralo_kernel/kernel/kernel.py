@@ -26,7 +26,7 @@ from ipykernel.ipkernel import IPythonKernel
 import ivralo_kernel.guards as guards_package
 from ivralo_kernel import __version__, compat
 from ivralo_kernel.guards.network import hosts_tried_line
-from ivralo_kernel.kernel import api
+from ivralo_kernel.kernel import api, surface_magics
 from ivralo_kernel.kernel.broker_client import BROKER, HOST_CONNECT_TIMEOUT_S
 from ivralo_kernel.kernel.cell_checks import SecurityError, install_cell_checks, make_hermetic
 from ivralo_kernel.kernel.deadline import DeadlineNotices, InKernelWatchdog, SupervisorBackstop
@@ -74,6 +74,7 @@ class IvraloKernel(compat.KernelOverrides, IPythonKernel):
         if original_pip is not None and STATE.workspace:
             self.shell.register_magic_function(guarded_pip(original_pip, STATE.workspace), "line", "pip")
         BROKER.person = _CellPrompt(self)
+        surface_magics.register(self.shell)  # %apropos WORD, %doc NAME
         # The broker's API, ready in every cell as `ivralo` (help(ivralo)); hidden from %who and
         # the namespace API, like IPython's own names.
         self.shell.push({"ivralo": api}, interactive=False)
