@@ -203,3 +203,15 @@ def test_the_sandbox_binds_the_exchange_folder_over_its_empty_dev_shm(tmp_path: 
     assert argv[bind : bind + 3] == ["--bind", str(exchange), str(exchange)]
     if os.path.isdir(SHM):
         assert argv.index("--tmpfs") < bind and "/dev/shm" in argv[:bind]
+
+
+async def test_without_the_sandbox_the_segment_lives_in_dev_shm(workspace: Path) -> None:
+    frame = pd.DataFrame({"a": np.arange(1000), "b": ["x"] * 1000})
+    async with Session(workspace=workspace, config=WorkerConfig(sandbox="off")) as session:
+        await session.inject_dataframe("df", frame)
+        assert session._worker is not None and not session._worker.km.provisioner.sandboxed
+        folder = exchange_dir(session)
+        if os.path.isdir(SHM):
+            assert os.path.dirname(folder) == SHM
+        pd.testing.assert_frame_equal(await session.get_dataframe("df"), frame)
+        assert segments_left(folder) == []

@@ -71,7 +71,8 @@ async def test_namespace_api(workspace: Path) -> None:
         assert await session.run("print(int(df.a.sum()))") == "6\n"
         snapshot = await session.snapshot()
         assert snapshot["config"] == {"type": "dict", "len": 2, "bytes": snapshot["config"]["bytes"]}
-        assert snapshot["df"] == {"type": "DataFrame", "shape": [3, 1], "bytes": 24 + snapshot["df"]["bytes"] - 24}
+        assert snapshot["df"]["type"] == "DataFrame" and snapshot["df"]["shape"] == [3, 1]
+        assert snapshot["df"]["bytes"] >= 3 * 8  # shallow: the column's values and the index
         assert set(snapshot) == {"config", "df"}
         assert await session.list_vars() == ["config", "df"]
         try:

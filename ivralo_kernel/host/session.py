@@ -439,8 +439,11 @@ class Session:
             try:
                 yield NamespaceCall(worker, operation, self.config.namespace_timeout_ms)
             except WorkerGone:
+                pid = worker.pid
                 lost = await self._lose_worker(self._death_cause(worker))
-                raise NamespaceWorkerLostError(f"{operation}: {lost['error']}") from None
+                raise NamespaceWorkerLostError(
+                    f"{operation}: the worker pid={pid} ended during this call; {lost['error']}"
+                ) from None
 
 
 def _write_table(table: Any, exchange: Exchange) -> int:
