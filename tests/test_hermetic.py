@@ -131,3 +131,16 @@ def test_the_surface_is_one_setting(workspace: Path) -> None:
     with pytest.raises(ConfigError, match="differs from the pool's surface 'project'"):
         Session(pool=pool, surface="hermetic")
     assert Session(pool=WorkerPool(workspace, WorkerConfig(surface="hermetic"))).surface == "hermetic"
+
+
+async def test_tables_on_the_hermetic_surface_point_to_the_project_one(workspace: Path) -> None:
+    """pyarrow and pandas are installed, but not on this surface: the error says which surface has them."""
+    import pandas as pd
+
+    from ivralo_kernel.host import Session
+    from ivralo_kernel.host.dataplane import ArrowMissingError
+
+    async with Session(workspace=workspace, surface="hermetic") as session:
+        with pytest.raises(ArrowMissingError, match="the hermetic surface does not offer"):
+            await session.inject_dataframe("df", pd.DataFrame({"a": [1, 2]}))
+        assert await session.run("print('still here')") == "still here\n"

@@ -25,10 +25,12 @@ ALLOWED: dict[str, tuple[set[str], set[str]]] = {
     "protocol": (set(), set()),
     "guards": ({"protocol"}, set()),
     "supervisor": ({"protocol"}, set()),
-    "kernel": ({"guards", "protocol"}, {"ipykernel", "traitlets", "IPython", "dotenv", "zmq"}),
+    # pyarrow and numpy: the namespace API's data plane, imported where a table or an array is on the way.
+    "kernel": ({"guards", "protocol"}, {"ipykernel", "traitlets", "IPython", "dotenv", "zmq", "pyarrow", "numpy"}),
     "host": (
         {"protocol"},
-        {"jupyter_client", "jupyter_core", "traitlets", "psutil", "zmq", "dotenv", "sqlalchemy", "httpx"},
+        {"jupyter_client", "jupyter_core", "traitlets", "psutil", "zmq", "dotenv", "sqlalchemy", "httpx"}
+        | {"pyarrow", "numpy"},
     ),
     "cli": ({"host", "protocol"}, {"jupyter_client", "nbclient", "nbformat", "jupyter_core"}),
 }

@@ -69,7 +69,11 @@ async def test_namespace_api(workspace: Path) -> None:
         assert await session.run("print(config['rows'] * 2)") == "6\n"
         await session.inject_dataframe("df", pd.DataFrame({"a": [1, 2, 3]}))
         assert await session.run("print(int(df.a.sum()))") == "6\n"
-        assert await session.snapshot() == {"config": "dict", "df": "DataFrame"}
+        snapshot = await session.snapshot()
+        assert snapshot["config"] == {"type": "dict", "len": 2, "bytes": snapshot["config"]["bytes"]}
+        assert snapshot["df"]["type"] == "DataFrame" and snapshot["df"]["shape"] == [3, 1]
+        assert snapshot["df"]["bytes"] >= 3 * 8  # shallow: the column's values and the index
+        assert set(snapshot) == {"config", "df"}
         assert await session.list_vars() == ["config", "df"]
         try:
             await session.get_var("not a name")

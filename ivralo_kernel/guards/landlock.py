@@ -100,6 +100,9 @@ class LandlockRules:
     # Folders where only unix sockets may be created (the ipc transport's, in Jupyter's runtime
     # folder beside other kernels' connection files, which must stay unwritable).
     socket_trees: tuple[str, ...] = ()
+    # Folders where files others made may be written to and removed, but none made (the namespace
+    # API's exchange folder: the host creates and sizes each segment there).
+    exchange_trees: tuple[str, ...] = ()
     connect_ports: tuple[int, ...] | None = None
     bind_ports: tuple[int, ...] | None = None
     scope_signals: bool = False
@@ -274,6 +277,9 @@ def apply(rules: LandlockRules) -> LandlockResult:
                 skipped.append(path)
         for path in rules.socket_trees:
             if not _add_path_rule(ruleset_fd, path, _FS_MAKE_SOCK, tree=True):
+                skipped.append(path)
+        for path in rules.exchange_trees:
+            if not _add_path_rule(ruleset_fd, path, _FS_WRITE_FILE | _FS_REMOVE_FILE, tree=True):
                 skipped.append(path)
         if net & _NET_CONNECT_TCP:
             for port in rules.connect_ports or ():

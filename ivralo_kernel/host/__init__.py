@@ -12,13 +12,19 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ivralo_kernel.host.config import WorkerConfig
+    from ivralo_kernel.host.dataplane import ArrowMissingError, UnsupportedValueError
     from ivralo_kernel.host.manager import IvraloKernelManager
+    from ivralo_kernel.host.namespace import NamespaceTimeoutError, NamespaceWorkerLostError
     from ivralo_kernel.host.pool import HostMemoryError, WorkerPool, WorkerPoolExhaustedError
     from ivralo_kernel.host.provisioner import IvraloProvisioner
     from ivralo_kernel.host.session import Session, SyncSession
     from ivralo_kernel.protocol import ConfigError, WorkerBootstrapError
 
 _WHERE = {
+    "ArrowMissingError": "ivralo_kernel.host.dataplane",
+    "NamespaceTimeoutError": "ivralo_kernel.host.namespace",
+    "NamespaceWorkerLostError": "ivralo_kernel.host.namespace",
+    "UnsupportedValueError": "ivralo_kernel.host.dataplane",
     "ConfigError": "ivralo_kernel.protocol",
     "HostMemoryError": "ivralo_kernel.host.pool",
     "IvraloKernelManager": "ivralo_kernel.host.manager",
@@ -31,12 +37,16 @@ _WHERE = {
     "WorkerPoolExhaustedError": "ivralo_kernel.host.pool",
 }
 __all__ = [
+    "ArrowMissingError",
     "ConfigError",
     "HostMemoryError",
     "IvraloKernelManager",
     "IvraloProvisioner",
+    "NamespaceTimeoutError",
+    "NamespaceWorkerLostError",
     "Session",
     "SyncSession",
+    "UnsupportedValueError",
     "WorkerBootstrapError",
     "WorkerConfig",
     "WorkerPool",

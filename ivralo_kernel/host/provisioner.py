@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import signal
 import stat
 import subprocess
@@ -32,6 +33,7 @@ from ivralo_kernel.host.announce import answer_lost_execution
 from ivralo_kernel.host.broker import BrokerResponder
 from ivralo_kernel.host.channel_relay import ChannelRelay
 from ivralo_kernel.host.config_watch import DOTENV, WorkspaceFiles, protected_in_sandbox
+from ivralo_kernel.host.dataplane import clear_exchange_folder, create_exchange_folder
 from ivralo_kernel.host.egress_notes import NOTE_WAIT_S, EgressNotes
 from ivralo_kernel.host.egress_proxy import EgressProxy, Verdict
 from ivralo_kernel.host.escalation import DeadlinePolicy
@@ -87,6 +89,7 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
     workspace_files: WorkspaceFiles | None = None  # the workspace's files as the host trusts them
     _egress_notes: EgressNotes | None = None
     _sandbox_folder: SandboxFolder | None = None
+    exchange_dir: str | None = None  # the namespace API's shared-memory folder (host.dataplane)
     _supervisor: int | None = None
     _host_pipe: tuple[int, int] | None = None  # the sandbox's supervisor sees EOF when this process is gone
 
@@ -127,6 +130,10 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
         bwrap = self._choose_sandbox()
         if bwrap is not None and self._sandbox_folder is None:
             self._sandbox_folder = SandboxFolder.create()
+        if self.exchange_dir is None:
+            self.exchange_dir = create_exchange_folder()
+        else:  # a restart: what the old kernel never mapped goes
+            clear_exchange_folder(self.exchange_dir)
         kwargs = await super().pre_launch(**kwargs)
         original_env = dict(kwargs["env"])
         db_names, problems = database_env_names(policy.workspace, kwargs["env"])
@@ -168,6 +175,7 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
         env[names.ENV_BROKER_COMM] = self.broker_comm_id
         env[names.ENV_POLICY_FILE] = self.policy_file
         env[names.ENV_WORKSPACE] = policy.workspace
+        env[names.ENV_EXCHANGE_DIR] = self.exchange_dir
         kwargs["env"] = env
         kwargs["cwd"] = policy.workspace
         self._supervisor = None
@@ -231,6 +239,7 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
             tool_files=tuple(self.tool_files),
             credential_stores=credential_store_paths(os.environ, self.credential_stores),
             jupyter_runtime_dir=os.path.dirname(connection_file) or None,
+            exchange_dir=self.exchange_dir or "",
         )
 
     def _decide_egress(self, host: str, port: int) -> Verdict:
@@ -463,6 +472,9 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
             if self._sandbox_folder is not None:
                 self._sandbox_folder.remove()
                 self._sandbox_folder = None
+            if self.exchange_dir is not None:
+                shutil.rmtree(self.exchange_dir, ignore_errors=True)
+                self.exchange_dir = None
             if self._host_pipe is not None:
                 for fd in self._host_pipe:
                     with contextlib.suppress(OSError):

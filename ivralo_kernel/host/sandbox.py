@@ -10,8 +10,8 @@ table is the write policy:
 * each ``.env`` in the workspace covered by a private empty file;
 * ``/tmp``, ``/dev/shm``, ``/run``, ``$XDG_RUNTIME_DIR`` and Jupyter's runtime folder empty, so no unix
   socket of the machine can be reached (a read-only mount does not stop ``connect()``); the kernel's
-  own runtime folder (its ipc sockets, the egress proxy's socket) and its connection and policy files
-  are bound back, alone;
+  own runtime folder (its ipc sockets, the egress proxy's socket), its exchange folder (the namespace
+  API's shared memory) and its connection and policy files are bound back, alone;
 * ivralo's config home and the usual credential stores absent;
 * a minimal ``/dev`` with a pty, and a ``/proc`` that shows only the sandbox's processes;
 * IPython's folder as it is, with the kernel's writes in a layer of their own that ends with it.
@@ -159,6 +159,9 @@ class SandboxPlan:
     code_trees: tuple[str, ...] = ()
     # The person's credential stores, absolute (see protocol.credentials.CREDENTIAL_STORES).
     credential_store_paths: tuple[str, ...] = ()
+    # The kernel's exchange folder for the namespace API's data plane (on tmpfs, usually in /dev/shm):
+    # bound back alone, at the same path, over the emptied /dev/shm.
+    exchange_dir: str = ""
 
     def hidden(self) -> list[str]:
         """Existing folders whose content the sandbox must not see (empty inside), wherever they
@@ -228,6 +231,8 @@ class SandboxPlan:
             if os.path.isdir(path):
                 a += ["--overlay-src", path, "--tmp-overlay", path]
         a += ["--bind", self.run_dir, self.run_dir]
+        if self.exchange_dir and os.path.isdir(self.exchange_dir):
+            a += ["--bind", self.exchange_dir, self.exchange_dir]
         for path in self.read_only_files:
             a += ["--ro-bind", path, path]
         # The kernel's own files under .ivralo stay writable: its history of overwritten files, and

@@ -93,6 +93,7 @@ def sandboxed_command(
     tool_files: tuple[str, ...],
     jupyter_runtime_dir: str | None,
     credential_stores: tuple[str, ...] = (),
+    exchange_dir: str = "",
 ) -> list[str]:
     """``cmd`` wrapped in bwrap; ``env`` gains what the kernel needs inside (its way out)."""
     prepare_workspace(workspace)
@@ -113,6 +114,7 @@ def sandboxed_command(
         scratch_overlays=(_ipython_dir(env),),
         code_trees=_code_trees(cmd[0]),
         credential_store_paths=credential_stores,
+        exchange_dir=exchange_dir,
     )
     return plan.argv(cmd)
 

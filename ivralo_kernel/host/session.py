@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import contextlib
 import json
 import logging
 import math
@@ -20,13 +21,30 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from ivralo_kernel.host.code_gate import DONE_WITH_ERRORS, gate_refusal, is_refusal
 from ivralo_kernel.host.config import WorkerConfig
+from ivralo_kernel.host.dataplane import (
+    Exchange,
+    as_table,
+    decode_inline,
+    decode_segment,
+    ipc_size,
+    release,
+    require_arrow,
+    write_ipc,
+)
 from ivralo_kernel.host.escalation import Phase
 from ivralo_kernel.host.history_store import HistoryError, HistoryStore, entry_dict, parse_time
+from ivralo_kernel.host.namespace import (
+    DATAPLANE,
+    NamespaceCall,
+    NamespaceTimeoutError,
+    NamespaceWorkerLostError,
+    WorkerGone,
+)
 from ivralo_kernel.host.outputs import CellOutput, error_result, lost_names_message, with_effects
 from ivralo_kernel.host.pool import HostMemoryError, WorkerPool, WorkerPoolExhaustedError
 from ivralo_kernel.host.watchdog import Watchdog
@@ -38,6 +56,7 @@ from ivralo_kernel.protocol.processes import describe_exit
 if TYPE_CHECKING:
     from ivralo_kernel.host.attach import AttachedSession
 
+__all__ = ["NamespaceTimeoutError", "NamespaceWorkerLostError", "RunResult", "Session", "SyncSession"]
 RunResult = str | dict[str, str]
 T = TypeVar("T")
 
@@ -357,38 +376,63 @@ class Session:
 
     async def list_vars(self) -> list[str]:
         """Names of the variables in the namespace now (no values)."""
-        content = await self._namespace("pass", {"names": _NAMES_EXPR})
-        self._known_names = _names_from(content.get("user_expressions", {}).get("names"))
+        async with self._namespace("list_vars()") as call:
+            found = (await call.request({"names": _NAMES_EXPR})).get("names")
+            self._known_names = _names_from(found)
         return list(self._known_names)
 
-    async def get_var(self, name: str) -> Any:
-        """The value of ``name``, as JSON carries it (numbers, strings, lists, dicts, None)."""
+    async def get_var(self, name: str, *, or_repr: bool = False) -> Any:
+        """The value of ``name``: a JSON value, a numpy array, or a table (pandas DataFrame or Series,
+        pyarrow Table or ChunkedArray) as Arrow carries it. Anything else is refused with its type's
+        name (``UnsupportedValueError``), or, with ``or_repr=True``, returned as its repr, at most
+        1000 characters. Nothing the kernel sends is unpickled."""
         _check_name(name)
-        expression = f"__import__('json').dumps({name})"
-        content = await self._namespace("pass", {"value": expression})
-        result = content.get("user_expressions", {}).get("value", {})
-        if result.get("status") != "ok":
-            raise ValueError(f"{name}: {result.get('ename')}: {result.get('evalue')}")
-        return json.loads(ast.literal_eval(result["data"]["text/plain"]))
+        async with self._namespace(f"get_var({name!r})") as call:
+            return await self._fetch(call, name, tables_only=False, or_repr=or_repr)
+
+    async def get_dataframe(self, name: str) -> Any:
+        """The table ``name`` over Arrow IPC in shared memory: a pandas DataFrame (or Series) comes
+        back as one, a pyarrow Table as one. Needs pyarrow (``pip install 'ivralo-kernel[arrow]'``)."""
+        _check_name(name)
+        require_arrow(f"get_dataframe({name!r})")
+        async with self._namespace(f"get_dataframe({name!r})") as call:
+            return await self._fetch(call, name, tables_only=True, or_repr=False)
+
+    async def _fetch(self, call: NamespaceCall, name: str, *, tables_only: bool, or_repr: bool) -> Any:
+        asked = f"{DATAPLANE}.prepare({name!r}, {tables_only}, {or_repr})"
+        envelope = json.loads(await call.value(asked))
+        if envelope["kind"] in ("json", "repr"):
+            return decode_inline(envelope)
+        if envelope["kind"] == "arrow":
+            require_arrow(call.operation)
+        exchange = self._exchange(call.worker)
+        path, capacity = exchange.reserve(int(envelope["size"]))
+        try:
+            written = json.loads(await call.value(f"{DATAPLANE}.write({path!r}, {capacity})"))
+            segment = exchange.segment
+            assert segment is not None
+            return await asyncio.to_thread(decode_segment, envelope, segment, int(written["size"]))
+        except BaseException:
+            exchange.discard()  # a late answer may still write: into a segment nobody reads again
+            raise
+        finally:
+            exchange.settle()
 
     async def set_var(self, name: str, value: Any) -> None:
         """Bind ``name`` in the namespace to a JSON-serialisable ``value``."""
         _check_name(name)
         # An import statement, not __import__: the hermetic surface and the code gate refuse that builtin.
         code = f"import json as _ivralo_json\n{name} = _ivralo_json.loads({json.dumps(value)!r})\ndel _ivralo_json"
-        await self._namespace(code, {})
-        self._known_names = sorted({*self._known_names, name})
+        async with self._namespace(f"set_var({name!r})") as call:
+            await call.request({}, code)
+            self._known_names = sorted({*self._known_names, name})
 
-    async def snapshot(self) -> dict[str, str]:
-        """Each variable's type name (values stay in the worker)."""
-        expression = (
-            "{k: type(v).__name__ for k, v in get_ipython().user_ns.items() "
-            "if not k.startswith('_') and k not in get_ipython().user_ns_hidden}"
-        )
-        content = await self._namespace("pass", {"types": expression})
-        result = content.get("user_expressions", {}).get("types", {})
-        types = ast.literal_eval(result["data"]["text/plain"]) if result.get("status") == "ok" else {}
-        return {str(k): str(v) for k, v in sorted(types.items())}
+    async def snapshot(self) -> dict[str, dict[str, Any]]:
+        """Each variable's ``type``, ``shape`` (arrays, frames) or ``len`` (str, bytes, list, tuple,
+        dict, set) and ``bytes`` (shallow): never a value."""
+        async with self._namespace("snapshot()") as call:
+            described = json.loads(await call.value(f"{DATAPLANE}.describe()"))
+        return {str(k): v for k, v in sorted(described.items())}
 
     async def apropos(self, word: str) -> str:
         """What the worker's surface offers matching ``word`` (``%apropos``): ivralo's helpers, the
@@ -401,25 +445,37 @@ class Session:
         return await self._text_of("doc", name)
 
     async def _text_of(self, helper: str, argument: str) -> str:
-        content = await self._namespace("", {"text": f"ivralo.{helper}({argument!r})"})
-        result = content.get("user_expressions", {}).get("text", {})
-        if result.get("status") != "ok":
-            raise ValueError(f"{helper}({argument!r}): {result.get('ename')}: {result.get('evalue')}")
-        return str(ast.literal_eval(result["data"]["text/plain"]))
+        async with self._namespace(f"{helper}({argument!r})") as call:
+            return await call.value(f"ivralo.{helper}({argument!r})")
 
     async def reset(self) -> None:
         """Empty the namespace; the worker keeps running."""
         # As an expression (evaluated, not run as a cell): the code gate refuses get_ipython in a cell.
-        await self._namespace("pass", {"reset": "get_ipython().reset(new_session=False)"})
-        self._known_names = []
+        async with self._namespace("reset()") as call:
+            await call.request({"reset": "get_ipython().reset(new_session=False)"})
+            self._known_names = []
 
     async def inject_dataframe(self, name: str, frame: Any) -> None:
-        """Bind ``name`` to a copy of a pandas DataFrame (sent as JSON, split orientation)."""
+        """Bind ``name`` to a copy of a pandas DataFrame or a pyarrow Table, sent as Arrow IPC through
+        shared memory. A column Arrow cannot carry is refused, naming it and its dtype (no pickle).
+        Needs pyarrow (``pip install 'ivralo-kernel[arrow]'``)."""
         _check_name(name)
-        payload = frame.to_json(orient="split", date_format="iso")
-        code = f"import io as _io, pandas as _pd\n{name} = _pd.read_json(_io.StringIO({payload!r}), orient='split')"
-        await self._namespace(code, {})
-        self._known_names = sorted({*self._known_names, name})
+        operation = f"inject_dataframe({name!r})"
+        require_arrow(operation)
+        table, kind = as_table(frame)
+        size = ipc_size(table)
+        async with self._namespace(operation) as call:
+            exchange = self._exchange(call.worker)
+            path, capacity = exchange.reserve(size)
+            try:
+                length = await asyncio.to_thread(_write_table, table, exchange)
+                await call.value(f"{DATAPLANE}.receive({name!r}, {path!r}, {capacity}, {length}, {kind!r})")
+            except BaseException:
+                exchange.discard()
+                raise
+            finally:
+                exchange.settle()
+            self._known_names = sorted({*self._known_names, name})
 
     async def history(self, path: str | None = None) -> list[dict[str, Any]]:
         """The workspace's kept copies (the write guard's, before a cell changed a file), newest first:
@@ -453,25 +509,35 @@ class Session:
 
         return await asyncio.to_thread(restored)
 
-    async def _namespace(self, code: str, expressions: dict[str, str]) -> dict[str, Any]:
-        """A silent execution for the namespace API, bounded by ``namespace_timeout_ms`` (not lethal)."""
+    def _exchange(self, worker: Worker) -> Exchange:
+        if worker.exchange is None:
+            folder = getattr(worker.km.provisioner, "exchange_dir", None)
+            if not folder:
+                raise RuntimeError("this worker's provisioner made no exchange folder: tables cannot be sent")
+            worker.exchange = Exchange(folder)
+        return worker.exchange
+
+    @contextlib.asynccontextmanager
+    async def _namespace(self, operation: str) -> AsyncIterator[NamespaceCall]:
+        """One namespace operation, alone on the worker, bounded by ``namespace_timeout_ms`` (not lethal)."""
         async with self._lock:
             worker = await self._ensure_started()
-            msg_id = worker.kc.execute(code, silent=True, store_history=False, user_expressions=expressions)
-            reply = await self._shell_reply(worker, msg_id)
-        if reply is None:
-            raise NamespaceTimeoutError(
-                f"the namespace request did not answer within namespace_timeout_ms={self.config.namespace_timeout_ms}; "
-                "the worker is still alive (a long call may be running)"
-            )
-        content: dict[str, Any] = reply["content"]
-        if content.get("status") != "ok":
-            raise ValueError(f"{content.get('ename')}: {content.get('evalue')}")
-        return content
+            try:
+                yield NamespaceCall(worker, operation, self.config.namespace_timeout_ms)
+            except WorkerGone:
+                pid = worker.pid
+                lost = await self._lose_worker(self._death_cause(worker))
+                raise NamespaceWorkerLostError(
+                    f"{operation}: the worker pid={pid} ended during this call; {lost['error']}"
+                ) from None
 
 
-class NamespaceTimeoutError(TimeoutError):
-    """A namespace request did not answer in time; the worker and its namespace are untouched."""
+def _write_table(table: Any, exchange: Exchange) -> int:
+    view = exchange.view()
+    try:
+        return write_ipc(table, view)
+    finally:
+        release(view)
 
 
 def _check_name(name: str) -> None:
@@ -519,13 +585,19 @@ class SyncSession:
     def list_vars(self) -> list[str]:
         return self._call(self._session.list_vars())
 
-    def get_var(self, name: str) -> Any:
-        return self._call(self._session.get_var(name))
+    def get_var(self, name: str, *, or_repr: bool = False) -> Any:
+        return self._call(self._session.get_var(name, or_repr=or_repr))
+
+    def get_dataframe(self, name: str) -> Any:
+        return self._call(self._session.get_dataframe(name))
+
+    def inject_dataframe(self, name: str, frame: Any) -> None:
+        self._call(self._session.inject_dataframe(name, frame))
 
     def set_var(self, name: str, value: Any) -> None:
         self._call(self._session.set_var(name, value))
 
-    def snapshot(self) -> dict[str, str]:
+    def snapshot(self) -> dict[str, dict[str, Any]]:
         return self._call(self._session.snapshot())
 
     def apropos(self, word: str) -> str:

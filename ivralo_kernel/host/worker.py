@@ -15,6 +15,7 @@ from typing import Any
 from jupyter_client.asynchronous.client import AsyncKernelClient
 
 from ivralo_kernel.host.config import WorkerConfig
+from ivralo_kernel.host.dataplane import Exchange
 from ivralo_kernel.host.manager import IvraloKernelManager
 from ivralo_kernel.host.processes import tree_of
 from ivralo_kernel.host.watchdog import Watchdog
@@ -42,6 +43,7 @@ class Worker:
         self.last_used = time.monotonic()
         self.busy = False  # a call is in flight: never swept as idle
         self.retired: str | None = None  # why the pool ended it (idle, pool closed), if it did
+        self.exchange: Exchange | None = None  # the namespace API's shared-memory segment, once used
 
     @classmethod
     async def start(cls, settings: WorkerSettings) -> Worker:
@@ -118,4 +120,6 @@ class Worker:
                 await self.km.cleanup_resources()
         except Exception:  # noqa: BLE001 - teardown must finish; the tree is killed below anyway
             await self.kill()
+        if self.exchange is not None:
+            self.exchange.discard()
         self.kc.stop_channels()

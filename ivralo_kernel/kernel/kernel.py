@@ -26,7 +26,7 @@ from ipykernel.ipkernel import IPythonKernel
 import ivralo_kernel.guards as guards_package
 from ivralo_kernel import __version__, compat
 from ivralo_kernel.guards.network import hosts_tried_line
-from ivralo_kernel.kernel import api, surface_magics
+from ivralo_kernel.kernel import api, dataplane, surface_magics
 from ivralo_kernel.kernel.broker_client import BROKER, HOST_CONNECT_TIMEOUT_S
 from ivralo_kernel.kernel.cell_checks import SecurityError, install_cell_checks, make_hermetic
 from ivralo_kernel.kernel.deadline import DeadlineNotices, InKernelWatchdog, SupervisorBackstop
@@ -77,7 +77,7 @@ class IvraloKernel(compat.KernelOverrides, IPythonKernel):
         surface_magics.register(self.shell)  # %apropos WORD, %doc NAME
         # The broker's API, ready in every cell as `ivralo` (help(ivralo)); hidden from %who and
         # the namespace API, like IPython's own names.
-        self.shell.push({"ivralo": api}, interactive=False)
+        self.shell.push({"ivralo": api, names.DATAPLANE_NAME: dataplane}, interactive=False)
         # And importable as `ivralo` (the hermetic surface's one helper module), on every surface, so
         # code written for the hermetic surface runs unchanged on the project one.
         sys.modules.setdefault("ivralo", api)

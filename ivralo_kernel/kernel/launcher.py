@@ -127,10 +127,12 @@ def _apply_landlock(policy: KernelPolicy, workspace: str, tmp: str) -> tuple[str
     connection_file = _connection_file()
     write_files = (*DEVICE_FILES, connection_file) if connection_file else DEVICE_FILES
     ipc = _ipc_socket_folder()
+    exchange = _exchange_folder()
     rules = LandlockRules(
         write_trees=write_trees,
         write_files=write_files,
         socket_trees=(ipc,) if ipc else (),
+        exchange_trees=(exchange,) if exchange else (),
         connect_ports=ports,
         # Outside a sandbox these are what keeps the tree from signalling the person's processes and
         # from reaching abstract sockets (X11, D-Bus); inside one they cost nothing.
@@ -147,6 +149,13 @@ def _apply_landlock(policy: KernelPolicy, workspace: str, tmp: str) -> tuple[str
     elif ports is not None:
         STATE.notes.append(f"TCP connect floor {tcp_report}: subprocesses may connect to any port")
     return f"ABI {result.abi}: {', '.join(result.handled)}", tcp_report
+
+
+def _exchange_folder() -> str | None:
+    """The folder the host creates the namespace API's segments in: the kernel writes into the ones
+    it is given and unlinks them once mapped (see ``kernel.dataplane``); it makes none there."""
+    path = os.environ.get(names.ENV_EXCHANGE_DIR)
+    return os.path.realpath(path) if path and os.path.isdir(path) else None
 
 
 def _connection_file_arg() -> str | None:
@@ -226,7 +235,7 @@ def _install_file_guards(policy: KernelPolicy, workspace: str) -> tuple[FileGuar
         workspace=workspace,
         readonly=policy.role == names.ROLE_READONLY,
         hermetic=policy.surface == names.SURFACE_HERMETIC,
-        writable_extra=(tmp, *DEVICE_FILES, *DEVICE_TREES),
+        writable_extra=(tmp, *DEVICE_FILES, *DEVICE_TREES, *filter(None, [_exchange_folder()])),
         config_home_is_workspace=os.path.realpath(config_home(os.environ)) == workspace,
         closed_reads=_credential_stores(policy, workspace),
         closed_writes=home_config_inside(workspace, os.environ),

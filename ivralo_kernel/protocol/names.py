@@ -68,6 +68,12 @@ ENV_EGRESS_SOCKET: Final = "IVRALO_EGRESS_SOCKET"  # the host's egress proxy (a 
 # sandbox the supervisor's parent is bwrap, which outlives the host; a thread's exit is not a death).
 ENV_HOST_PIPE_FD: Final = "IVRALO_HOST_PIPE_FD"
 ENV_RELAY_PORT: Final = "IVRALO_RELAY_PORT"  # where the supervisor offers it on the sandbox's loopback
+# The kernel's exchange folder for the namespace API's data plane (host-made, on tmpfs where there is
+# one): the host creates each segment there; the kernel may write into and unlink what it finds.
+ENV_EXCHANGE_DIR: Final = "IVRALO_EXCHANGE_DIR"
+# What a namespace request the kernel refuses raises: the host tells these apart by name.
+REFUSED_VALUE_ERROR: Final = "RefusedValue"
+ARROW_MISSING_ERROR: Final = "ArrowMissing"
 SANDBOX_BWRAP: Final = "bwrap"
 # The sandbox's loopback port of the egress relay (the sandbox has its own network namespace, so a
 # fixed port collides with nothing; 3128 is the port proxies are known by).
@@ -153,3 +159,7 @@ META_REQUESTER: Final = "requester"
 INTERRUPTED_TEXT: Final = (
     "interrupted: exceeded deadline_ms={deadline_ms}; namespace preserved (partial side effects possible)"
 )
+
+# The kernel's data plane (kernel/dataplane.py), hidden in every namespace under this name: the host's
+# namespace calls reach it without an import (refused on the hermetic surface and by the code gate).
+DATAPLANE_NAME: Final = "_ivralo_dataplane"

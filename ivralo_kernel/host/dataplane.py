@@ -1,0 +1,246 @@
+"""[host] The host's half of the namespace API's data plane (the kernel's is ``kernel.dataplane``).
+
+* **The exchange folder**: one per kernel, made by the provisioner on tmpfs (``/dev/shm`` where it is
+  one) and bound into the sandbox at the same path. It holds a file only while a segment waits for
+  the kernel to map it.
+* **The exchange segment** (``Exchange``): the host creates it with its pages allocated, sized for a
+  transfer; the kernel maps it and unlinks it at once, and both keep their mapping, so the next
+  transfer that fits reuses the same pages (allocating fresh tmpfs pages costs more than copying into
+  them). A larger transfer gets a new segment; a call that fails or times out drops the segment (a
+  late kernel answer can only touch the old one). The host unlinks on every path too: after an
+  error, a timeout or a killed worker, no file is left.
+* **Decoding** parses only JSON, ``.npy`` without objects, and Arrow IPC: nothing that can run code
+  the kernel chose. ``pickle`` is never used.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import mmap
+import os
+import secrets
+import tempfile
+from typing import Any
+
+from ivralo_kernel.protocol import names
+from ivralo_kernel.protocol.tables import ARROW_EXTRA, unrepresentable
+
+SHM = "/dev/shm"  # noqa: S108 - the machine's tmpfs for shared memory; each kernel gets its own folder in it
+SEGMENT_PREFIX = "seg-"
+_MIB = 1 << 20
+
+
+class ArrowMissingError(ImportError):
+    """pyarrow (the ``arrow`` extra) is not installed where it is needed."""
+
+
+class UnsupportedValueError(TypeError):
+    """The value cannot leave the kernel in a form the host parses without running the kernel's code."""
+
+
+def require_arrow(operation: str) -> Any:
+    try:
+        import pyarrow
+    except ImportError:
+        raise ArrowMissingError(f"{operation} needs pyarrow on the host: {ARROW_EXTRA}") from None
+    return pyarrow
+
+
+def exchange_root() -> str:
+    """Where exchange folders go: ``/dev/shm`` when it is a tmpfs we may write, else the temp folder."""
+    if os.path.isdir(SHM) and os.access(SHM, os.W_OK | os.X_OK) and _filesystem(SHM) == "tmpfs":
+        return SHM
+    return tempfile.gettempdir()
+
+
+def _filesystem(path: str) -> str:
+    """The type of the file system ``path`` is the mount point of ("" if it is none)."""
+    try:
+        with open("/proc/mounts", encoding="utf-8") as f:
+            types = [line.split()[2] for line in f if len(line.split()) > 2 and line.split()[1] == path]
+    except OSError:
+        return ""
+    return types[-1] if types else ""
+
+
+def create_exchange_folder() -> str:
+    return tempfile.mkdtemp(prefix="ivralo-xchg-", dir=exchange_root())
+
+
+def clear_exchange_folder(folder: str) -> None:
+    """Segments a kernel never mapped (it died first): the folder stays for the next kernel."""
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(folder):
+            if entry.name.startswith(SEGMENT_PREFIX):
+                with contextlib.suppress(OSError):
+                    os.unlink(entry.path)
+
+
+class Exchange:
+    """One worker's exchange segment, on the host's side. Calls of a session never overlap, so one
+    segment serves them all in turn."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+        self.path: str | None = None  # the segment's name, as the kernel knows it (maybe unlinked)
+        self.capacity = 0
+        self.segment: mmap.mmap | None = None
+
+    def reserve(self, size: int) -> tuple[str, int]:
+        """A segment of at least ``size`` bytes, mapped here: (its path, its capacity)."""
+        if self.segment is None or size > self.capacity:
+            self.discard()
+            # Grown by a quarter at least, so a series of slowly growing transfers reuses it.
+            capacity = max(-(-max(size, 1) // _MIB) * _MIB, self.capacity + self.capacity // 4)
+            path = os.path.join(self.folder, f"{SEGMENT_PREFIX}{secrets.token_hex(8)}")
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            try:
+                os.posix_fallocate(fd, 0, capacity)  # its pages now, not one fault at a time later
+                flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+                self.segment = mmap.mmap(fd, capacity, flags=flags)
+            except BaseException:
+                _unlink(path)
+                raise
+            finally:
+                os.close(fd)
+            self.path, self.capacity = path, capacity
+        assert self.path is not None
+        return self.path, self.capacity
+
+    def view(self) -> memoryview:
+        assert self.segment is not None
+        return memoryview(self.segment)
+
+    def settle(self) -> None:
+        """After the kernel's answer (or none): the file's name goes, whatever the kernel did."""
+        if self.path is not None:
+            _unlink(self.path)
+
+    def discard(self) -> None:
+        """Forget the segment: its pages are freed once the kernel lets go of it too."""
+        self.settle()
+        if self.segment is not None:
+            with contextlib.suppress(BufferError):  # still pointed into: unmapped when collected
+                self.segment.close()
+        self.segment, self.path, self.capacity = None, None, 0
+
+
+def _unlink(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+
+
+def release(view: memoryview) -> bool:
+    """False while something still points into the segment through ``view``."""
+    try:
+        view.release()
+    except BufferError:
+        return False
+    return True
+
+
+# --- encoding (host -> kernel) --------------------------------------------------------------------
+
+
+def as_table(frame: Any) -> tuple[Any, str]:
+    """(an Arrow table of ``frame``, what the kernel binds: "pandas.DataFrame" or "pyarrow.Table")."""
+    pa = require_arrow("inject_dataframe")
+    if isinstance(frame, pa.Table):
+        return frame, "pyarrow.Table"
+    if isinstance(frame, pa.RecordBatch):
+        return pa.Table.from_batches([frame]), "pyarrow.Table"
+    if type(frame).__module__.split(".")[0] != "pandas" or not hasattr(frame, "columns"):
+        raise UnsupportedValueError(
+            f"inject_dataframe takes a pandas DataFrame or a pyarrow Table, not {type(frame).__qualname__}"
+        )
+    try:
+        return pa.Table.from_pandas(frame, preserve_index=None), "pandas.DataFrame"
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, TypeError, ValueError) as exc:
+        raise UnsupportedValueError(unrepresentable(pa, frame, exc)) from None
+
+
+def ipc_size(table: Any) -> int:
+    pa = require_arrow("inject_dataframe")
+    sink = pa.MockOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return int(sink.size())
+
+
+def write_ipc(table: Any, segment: memoryview) -> int:
+    pa = require_arrow("inject_dataframe")
+    sink = pa.FixedSizeBufferWriter(pa.py_buffer(segment))
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    size = int(sink.tell())
+    sink.close()
+    return size
+
+
+# --- decoding (kernel -> host) --------------------------------------------------------------------
+
+
+def decode_inline(envelope: dict[str, Any]) -> Any:
+    """A JSON value, or the bounded repr the caller asked for: both plain text."""
+    return json.loads(envelope["text"]) if envelope["kind"] == "json" else str(envelope["text"])
+
+
+def decode_segment(envelope: dict[str, Any], segment: mmap.mmap, length: int) -> Any:
+    """The value the kernel wrote, copied out of the segment (whose pages the next transfer reuses)."""
+    view = memoryview(segment)
+    try:
+        if envelope["kind"] == "npy":
+            return _read_npy(view, length)
+        pa = require_arrow("get_dataframe")
+        value = _from_ipc(pa, envelope, pa.py_buffer(view).slice(0, length))
+        if not release(view):  # it points into the segment (Arrow-backed strings, a pyarrow table)
+            value = None
+            value = _from_ipc(pa, envelope, pa.py_buffer(segment[:length]))
+        return value
+    finally:
+        release(view)
+
+
+def _from_ipc(pa: Any, envelope: dict[str, Any], data: Any) -> Any:
+    table = pa.ipc.open_stream(data).read_all()
+    table.validate()
+    kind = envelope.get("as")
+    if kind == "pandas.DataFrame":
+        return table.to_pandas()
+    if kind == "pandas.Series":
+        series = table.to_pandas().iloc[:, 0]
+        return series.rename(None) if envelope.get("unnamed") else series
+    if kind == "pyarrow.ChunkedArray":
+        return table.column(0)
+    return table
+
+
+def _read_npy(view: memoryview, length: int) -> Any:
+    try:
+        import numpy
+        from numpy.lib import format as npy
+    except ImportError:
+        raise ArrowMissingError(f"get_var of a numpy array needs numpy on the host: {ARROW_EXTRA}") from None
+    head = io.BytesIO(view[: min(length, 65_536 + 12)])
+    version = npy.read_magic(head)
+    reader = npy.read_array_header_1_0 if version == (1, 0) else npy.read_array_header_2_0
+    shape, fortran, dtype = reader(head)  # a literal, parsed without eval; allow_pickle is never on
+    if dtype.hasobject:
+        raise UnsupportedValueError(f"the kernel sent a numpy array of dtype {dtype}, which holds Python objects")
+    count = int(numpy.prod(shape, dtype=numpy.int64))
+    flat = numpy.frombuffer(view, dtype=dtype, count=count, offset=head.tell())
+    array = flat.reshape(shape, order="F" if fortran else "C").copy(order="K")
+    del flat
+    return array
+
+
+def refusal(operation: str, error: dict[str, Any]) -> Exception:
+    """The exception a kernel-side refusal or failure becomes on the host."""
+    ename, evalue = str(error.get("ename")), str(error.get("evalue"))
+    if ename == names.REFUSED_VALUE_ERROR:
+        return UnsupportedValueError(f"{operation}: {evalue}")
+    if ename == names.ARROW_MISSING_ERROR:
+        return ArrowMissingError(f"{operation}: {evalue}")
+    return ValueError(f"{operation}: {ename}: {evalue}")

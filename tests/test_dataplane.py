@@ -1,0 +1,217 @@
+"""The namespace API's data plane: tables over Arrow IPC in shared memory, values that come back
+safely, and namespace calls that survive a timeout (issue 14).
+
+Every test drives a real worker through ``Session``. "No segment left" is judged from outside: the
+worker's exchange folder (the one folder the sandbox shares for this) and the host's ``/dev/shm``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pytest
+from conftest import wait_until_async
+
+from ivralo_kernel.host import (
+    ArrowMissingError,
+    NamespaceTimeoutError,
+    NamespaceWorkerLostError,
+    Session,
+    UnsupportedValueError,
+    WorkerConfig,
+)
+from ivralo_kernel.host.dataplane import SEGMENT_PREFIX, SHM
+from ivralo_kernel.host.sandbox import SandboxPlan
+
+ROWS_100MB = 6_553_600  # two 8-byte columns: 104,857,600 bytes
+SLOW_REPR = "import time\nclass {name}:\n    def __repr__(self):\n        time.sleep({seconds})\n        return 's'\n"
+
+
+def exchange_dir(session: Session) -> str:
+    assert session._worker is not None
+    folder = session._worker.km.provisioner.exchange_dir
+    assert folder and os.path.isdir(folder)
+    return str(folder)
+
+
+def segments_left(folder: str | None) -> list[str]:
+    """Segment files in the worker's exchange folder and anywhere in the host's /dev/shm."""
+    found = []
+    for root in filter(None, {folder, SHM}):
+        if not os.path.isdir(root):
+            continue
+        for dirpath, _dirs, files in os.walk(root):
+            if dirpath == SHM or os.path.basename(dirpath).startswith("ivralo-xchg-"):
+                found += [os.path.join(dirpath, f) for f in files if f.startswith(SEGMENT_PREFIX)]
+    return found
+
+
+def big_frame() -> pd.DataFrame:
+    rng = np.random.default_rng(14)
+    return pd.DataFrame({"id": np.arange(ROWS_100MB, dtype=np.int64), "value": rng.random(ROWS_100MB)})
+
+
+async def test_a_100_mb_dataframe_goes_in_and_comes_back_equal(workspace: Path) -> None:
+    frame = big_frame()
+    assert frame.memory_usage(index=False).sum() >= 100 * 2**20
+    async with Session(workspace=workspace) as session:
+        await session.inject_dataframe("df", frame)
+        folder = exchange_dir(session)
+        assert segments_left(folder) == []  # unlinked as soon as the kernel mapped it
+        assert await session.run("print(len(df), float(df.value.sum()) > 0)") == f"{ROWS_100MB} True\n"
+        back = await session.get_dataframe("df")
+        pd.testing.assert_frame_equal(back, frame)
+        assert segments_left(folder) == []
+        # A pyarrow table stays one, and so do strings and nulls (which Arrow carries as they are).
+        table = pa.table({"name": ["a", None, "c"], "n": pa.array([1, None, 3], pa.int32())})
+        await session.inject_dataframe("t", table)
+        assert (await session.get_dataframe("t")).equals(table)
+        assert (
+            await session.run(
+                "import pandas as pd; s = df.value.head(3); words = pd.DataFrame({'w': ['x', 'y', None]})"
+            )
+            == ""
+        )
+        pd.testing.assert_series_equal(await session.get_var("s"), frame.value.head(3))
+        pd.testing.assert_frame_equal(await session.get_dataframe("words"), await session.get_var("words"))
+        snap = await session.snapshot()
+        assert snap["df"] == {"type": "DataFrame", "shape": [ROWS_100MB, 2], "bytes": int(frame.memory_usage().sum())}
+        assert snap["t"]["type"] == "Table" and snap["t"]["shape"] == [3, 2]
+        assert segments_left(folder) == []
+    assert not os.path.exists(folder)
+
+
+async def test_values_come_back_as_json_npy_or_arrow_and_nothing_else_runs_on_the_host(
+    workspace: Path, tmp_path: Path
+) -> None:
+    marker = tmp_path / "host-marker"  # outside the workspace: only the host could create it
+    hostile = f"""
+import os
+class Hostile:
+    def __reduce__(self):
+        return (os.system, ("touch {marker}",))
+    def __repr__(self):
+        return "Hostile()" + "x" * 5000
+evil = Hostile()
+evil_array = np.array([Hostile()], dtype=object)
+"""
+    async with Session(workspace=workspace) as session:
+        await session.run("import numpy as np\narr = np.arange(12, dtype=np.float32).reshape(3, 4).T\nn = np.int64(7)")
+        await session.run(hostile)
+        folder = exchange_dir(session)
+        array = await session.get_var("arr")
+        np.testing.assert_array_equal(array, np.arange(12, dtype=np.float32).reshape(3, 4).T)
+        assert await session.get_var("n") == 7
+        with pytest.raises(UnsupportedValueError, match=r"get_var\('evil'\): evil is a __main__\.Hostile") as refused:
+            await session.get_var("evil")
+        assert "or_repr=True" in str(refused.value)
+        with pytest.raises(UnsupportedValueError, match="dtype object"):
+            await session.get_var("evil_array")
+        with pytest.raises(UnsupportedValueError, match="not a table"):
+            await session.get_dataframe("arr")
+        text = await session.get_var("evil", or_repr=True)
+        assert text.startswith("Hostile()xxx") and len(text) == 1000
+        assert segments_left(folder) == []
+    assert not marker.exists()  # __reduce__ ran nowhere: nothing was ever unpickled
+
+
+async def test_a_column_arrow_cannot_carry_is_named_with_its_dtype(workspace: Path) -> None:
+    class Opaque:
+        pass
+
+    frame = pd.DataFrame({"ok": [1, 2], "blob": [Opaque(), Opaque()]})
+    async with Session(workspace=workspace) as session:
+        with pytest.raises(UnsupportedValueError, match=r"column 'blob' \(dtype object\).*never falls back to pickle"):
+            await session.inject_dataframe("df", frame)
+        assert session._worker is None  # refused on the host, before any worker was needed
+        await session.run("import pandas as pd\nclass Opaque: pass\n")
+        await session.run("bad = pd.DataFrame({'ok': [1], 'blob': [Opaque()]})")
+        with pytest.raises(UnsupportedValueError, match=r"column 'blob' \(dtype object\)"):
+            await session.get_dataframe("bad")
+        assert segments_left(exchange_dir(session)) == []
+        assert await session.list_vars() == ["Opaque", "bad", "pd"]
+
+
+async def test_a_timeout_is_not_lethal_and_the_late_reply_answers_nobody(workspace: Path) -> None:
+    config = WorkerConfig(namespace_timeout_ms=2000)
+    async with Session(workspace=workspace, config=config) as session:
+        await session.run(SLOW_REPR.format(name="Slow", seconds=3))
+        await session.run("slow = Slow(); x = 41")
+        pid = session.pid
+        with pytest.raises(NamespaceTimeoutError) as timed_out:
+            await session.get_var("slow", or_repr=True)
+        message = str(timed_out.value)
+        assert f"pid={pid}" in message and "get_var('slow')" in message and "namespace_timeout_ms=2000" in message
+        # The kernel is still in the first request; the next call waits its turn and gets its own answer,
+        # not the late 'slow'.
+        assert await session.get_var("x") == 41
+        assert session.pid == pid
+        assert await session.run("print(x + 1)") == "42\n"
+
+
+async def test_a_worker_killed_mid_transfer_leaves_no_segment(workspace: Path) -> None:
+    config = WorkerConfig(namespace_timeout_ms=4000)
+    frame = big_frame()
+    async with Session(workspace=workspace, config=config) as session:
+        await session.run(SLOW_REPR.format(name="Stuck", seconds=60))
+        await session.run("stuck = Stuck()")
+        folder = exchange_dir(session)
+        with pytest.raises(NamespaceTimeoutError):
+            await session.get_var("stuck", or_repr=True)  # the kernel is now busy for a minute
+        transfer = asyncio.create_task(session.inject_dataframe("df", frame))
+        # The host made the segment and wrote the table; the kernel cannot map it before it is killed.
+        await wait_until_async(lambda: bool(segments_left(folder)), 3.0, "the segment to be created")
+        await session.interrupt()
+        with pytest.raises(NamespaceWorkerLostError, match="interrupted"):
+            await transfer
+        assert segments_left(folder) == []
+        assert not os.path.exists(folder)  # the worker's exchange folder went with it
+        assert await session.run("print('fresh')") == "fresh\n"
+
+
+def test_without_pyarrow_the_calls_name_the_extra(monkeypatch: pytest.MonkeyPatch, workspace: Path) -> None:
+    monkeypatch.setitem(sys.modules, "pyarrow", None)  # `import pyarrow` now raises ImportError
+
+    async def calls() -> None:
+        async with Session(workspace=workspace) as session:
+            with pytest.raises(ArrowMissingError, match=r"pip install 'ivralo-kernel\[arrow\]'"):
+                await session.inject_dataframe("df", pd.DataFrame({"a": [1]}))
+            with pytest.raises(ArrowMissingError, match=r"get_dataframe\('df'\) needs pyarrow"):
+                await session.get_dataframe("df")
+            assert session._worker is None
+
+    asyncio.run(calls())
+
+
+@pytest.mark.fast
+def test_the_sandbox_binds_the_exchange_folder_over_its_empty_dev_shm(tmp_path: Path) -> None:
+    exchange = tmp_path / "ivralo-xchg-test"
+    exchange.mkdir()
+    run = tmp_path / "run"
+    run.mkdir()
+    plan = SandboxPlan(
+        bwrap="bwrap", workspace=str(tmp_path), run_dir=str(run), empty_file="/dev/null", exchange_dir=str(exchange)
+    )
+    argv = plan.argv(["python"])
+    bind = argv.index(str(exchange)) - 1
+    assert argv[bind : bind + 3] == ["--bind", str(exchange), str(exchange)]
+    if os.path.isdir(SHM):
+        assert argv.index("--tmpfs") < bind and "/dev/shm" in argv[:bind]
+
+
+async def test_without_the_sandbox_the_segment_lives_in_dev_shm(workspace: Path) -> None:
+    frame = pd.DataFrame({"a": np.arange(1000), "b": ["x"] * 1000})
+    async with Session(workspace=workspace, config=WorkerConfig(sandbox="off")) as session:
+        await session.inject_dataframe("df", frame)
+        assert session._worker is not None and not session._worker.km.provisioner.sandboxed
+        folder = exchange_dir(session)
+        if os.path.isdir(SHM):
+            assert os.path.dirname(folder) == SHM
+        pd.testing.assert_frame_equal(await session.get_dataframe("df"), frame)
+        assert segments_left(folder) == []
