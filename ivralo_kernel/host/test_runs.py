@@ -33,7 +33,7 @@ import pytest as _ivralo_pytest
 
 class _IvraloCount:
     def __init__(self):
-        self.counts = {"passed": 0, "failed": 0, "errors": 0, "skipped": 0}
+        self.counts = {{"passed": 0, "failed": 0, "errors": 0, "skipped": 0}}
 
     def pytest_collectreport(self, report):
         if report.failed:
@@ -41,7 +41,7 @@ class _IvraloCount:
 
     def pytest_runtest_logreport(self, report):
         if report.when == "call":
-            key = {"passed": "passed", "failed": "failed"}.get(report.outcome, "skipped")
+            key = {{"passed": "passed", "failed": "failed"}}.get(report.outcome, "skipped")
         elif report.failed:
             key = "errors"
         elif report.when == "setup" and report.skipped:
