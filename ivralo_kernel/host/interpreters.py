@@ -34,11 +34,25 @@ POETRY_TIMEOUT_S = 15.0
 PROBE_TIMEOUT_S = 30.0
 PACKAGE = "ivralo-kernel"  # what installs ivralo_kernel and ipykernel into an interpreter
 _PROBE = (
-    "import importlib.util as u,json,sys;"
-    "print(json.dumps({'version':'%d.%d.%d'%sys.version_info[:3],"
-    "'found':[m for m in sys.argv[1:] if u.find_spec(m) is not None]}))"
+    "import importlib.util as u,importlib.metadata as md,json,sys\n"
+    "def v(d):\n try:\n  return md.version(d)\n except Exception:\n  return None\n"
+    "m,d=sys.argv[1].split(','),sys.argv[2].split(',')\n"
+    "print(json.dumps({'version':'.'.join(map(str,sys.version_info[:3])),"
+    "'found':[x for x in m if u.find_spec(x) is not None],'dists':{x:v(x) for x in d if v(x)}}))"
 )
 _PROBED = ("ivralo_kernel", "ipykernel", "pytest")
+# What the kernel process is made of: a project's own copy comes first on the path, so one of another
+# major version than ivralo's breaks the kernel (IPython 8 under ipykernel 7 does).
+KERNEL_DISTRIBUTIONS = (
+    "ipykernel",
+    "ipython",
+    "traitlets",
+    "jupyter_client",
+    "jupyter_core",
+    "pyzmq",
+    "tornado",
+    "comm",
+)
 
 
 class InterpreterError(WorkerBootstrapError):
@@ -195,11 +209,12 @@ def _has_module(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
 
 
-def probe(interpreter: Interpreter) -> tuple[str, frozenset[str]]:
-    """(its Python version, which of ivralo_kernel, ipykernel and pytest it can import by itself)."""
+def probe(interpreter: Interpreter) -> tuple[str, frozenset[str], dict[str, str]]:
+    """(its Python version, which of ivralo_kernel, ipykernel and pytest it can import by itself, its
+    versions of ``KERNEL_DISTRIBUTIONS``)."""
     try:
         done = subprocess.run(
-            [interpreter.python, "-P", "-c", _PROBE, *_PROBED],
+            [interpreter.python, "-P", "-c", _PROBE, ",".join(_PROBED), ",".join(KERNEL_DISTRIBUTIONS)],
             capture_output=True,
             text=True,
             timeout=PROBE_TIMEOUT_S,
@@ -207,7 +222,7 @@ def probe(interpreter: Interpreter) -> tuple[str, frozenset[str]]:
             env={k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")},
         )
         report = json.loads(done.stdout.strip().splitlines()[-1])
-        return str(report["version"]), frozenset(report["found"])
+        return str(report["version"]), frozenset(report["found"]), dict(report.get("dists") or {})
     except (OSError, subprocess.TimeoutExpired, ValueError, IndexError, KeyError) as exc:
         raise InterpreterError(
             f"{interpreter.python} ({interpreter.reason}) does not run as a Python interpreter ({exc}). "
@@ -217,18 +232,41 @@ def probe(interpreter: Interpreter) -> tuple[str, frozenset[str]]:
 
 def launch_for(interpreter: Interpreter) -> KernelLaunch:
     """How a kernel runs in ``interpreter``, or an ``InterpreterError`` that says what to install."""
-    version, found = probe(interpreter)
+    version, found, dists = probe(interpreter)
     if {"ivralo_kernel", "ipykernel"} <= found:
         return KernelLaunch(interpreter, version, found)
     missing = [m for m in ("ipykernel", "ivralo_kernel") if m not in found]
     own = ".".join(map(str, sys.version_info[:2]))
     if version.rsplit(".", 1)[0] == own:
+        clashes = _clashes(dists)
+        if clashes:
+            raise InterpreterError(
+                f"{interpreter.python} ({interpreter.reason}) has {', '.join(clashes)}: its own copies come before "
+                f"ivralo's on the kernel's path, and another major version does not fit the kernel. Install "
+                f"ivralo-kernel there (it brings versions that fit): {install_command(interpreter, PACKAGE)}"
+            )
         return KernelLaunch(interpreter, version, found, private_path())
     raise InterpreterError(
         f"{interpreter.python} ({interpreter.reason}) has no {' and no '.join(missing)}, and it is Python "
         f"{version} while ivralo's own packages are built for Python {own}, so they cannot stand in. "
         f"Install ivralo-kernel there: {install_command(interpreter, PACKAGE)}"
     )
+
+
+def _clashes(theirs: dict[str, str]) -> list[str]:
+    """The project's kernel distributions whose major version differs from ivralo's ("IPython 8.12.3
+    (ivralo's: 9.18.1)")."""
+    from importlib import metadata
+
+    out = []
+    for name, version in sorted(theirs.items()):
+        try:
+            mine = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+        if version.split(".")[0] != mine.split(".")[0]:
+            out.append(f"{name} {version} (ivralo's: {mine})")
+    return out
 
 
 def plan(project: str | None, python: str | None = None) -> KernelLaunch:

@@ -30,7 +30,7 @@ from ivralo_kernel.host.escalation import Phase
 from ivralo_kernel.host.history_store import HistoryError, HistoryStore, entry_dict, parse_time
 from ivralo_kernel.host.outputs import CellOutput, error_result, lost_names_message, with_effects
 from ivralo_kernel.host.pool import HostMemoryError, WorkerPool, WorkerPoolExhaustedError
-from ivralo_kernel.host.test_runs import RUNNERS, runner_cell, test_report
+from ivralo_kernel.host.test_runs import RUNNERS, run_report, runner_cell
 from ivralo_kernel.host.watchdog import Watchdog
 from ivralo_kernel.host.worker import Worker
 from ivralo_kernel.protocol import ConfigError, WorkerBootstrapError, names
@@ -366,7 +366,7 @@ class Session:
         if runner not in RUNNERS:
             raise ConfigError("runner", f"{runner!r} is not one of {', '.join(RUNNERS)}", "Pick one of them")
         if self.approve is not None and not await self.approve(f"# run_tests({path!r}, runner={runner!r})"):
-            return test_report(runner, error_result("", "refused: the person did not approve this test run"))
+            return run_report(runner, error_result("", "refused: the person did not approve this test run"))
         # The code gate judges an agent's cells; the runner's cell is ivralo's own (the tests are files).
         changes: dict[str, Any] = {"surface": runner, "code_gate": False, "prewarm_pool_size": 0}
         if runner != self.surface:  # the hermetic surface has no project; a hermetic session had none
@@ -377,19 +377,19 @@ class Session:
                 try:
                     launch = await self._pool.interpreter() if self.surface == runner else await pool.interpreter()
                 except WorkerBootstrapError as exc:
-                    return test_report(runner, error_result("", str(exc)))
+                    return run_report(runner, error_result("", str(exc)))
                 if "pytest" not in launch.found:
                     message = (
                         f"pytest is not installed in the project's interpreter, {launch.description}. Install it "
                         f"there: {launch.install_command('pytest')}"
                     )
-                    return test_report(runner, error_result("", message))
+                    return run_report(runner, error_result("", message))
                 pool.settings = dataclasses.replace(pool.settings, launch=launch)
             async with Session(pool=pool, grants=self.grants, ask=self.ask) as tests:
                 result = await tests.run(runner_cell(runner, path, tuple(args)))
         finally:
             await pool.close()
-        return test_report(runner, result)
+        return run_report(runner, result)
 
     async def list_vars(self) -> list[str]:
         """Names of the variables in the namespace now (no values)."""

@@ -183,7 +183,7 @@ def hermetic_hint(modules: list[str]) -> str:
     )
 
 
-def test_report(runner: str, result: str | dict[str, str]) -> dict[str, Any]:
+def run_report(runner: str, result: str | dict[str, str]) -> dict[str, Any]:
     """The run's result: ``{"runner", "status", "passed", "failed", "errors", "skipped", "output"}``,
     with ``"error"`` when the run did not complete or a module was missing."""
     report: dict[str, Any] = {"runner": runner, "passed": 0, "failed": 0, "errors": 0, "skipped": 0}
