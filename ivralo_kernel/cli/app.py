@@ -30,7 +30,7 @@ def _install(args: argparse.Namespace) -> int:
     config = {k: v for k, v in settings.items() if v is not None}
     chosen = args.surface or config.pop("surface", None)
     config.pop("surface", None)
-    if chosen is not None or args.name:
+    if chosen is not None or args.name or args.project:
         surfaces = [chosen or names.SURFACE_PROJECT]
     else:
         surfaces = [names.SURFACE_PROJECT, names.SURFACE_HERMETIC]
@@ -43,9 +43,20 @@ def _install(args: argparse.Namespace) -> int:
             display_name=args.display_name,
             provisioner_config=config,
             surface=surface,
+            project=args.project,
         )
         print(f"Installed kernelspec {os.path.basename(where)} in {where}")
+        if args.project:
+            print(f"  interpreter: {_spec_interpreter(where)}")
     return 0
+
+
+def _spec_interpreter(where: str) -> str:
+    import json
+
+    with open(os.path.join(where, "kernel.json"), encoding="utf-8") as f:
+        spec = json.load(f)
+    return str(spec.get("env", {}).get(names.ENV_INTERPRETER) or spec["argv"][0])
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -79,7 +90,7 @@ def _chosen(settings: tuple[str, ...], flags: dict[str, Any]) -> dict[str, Any]:
 def _doctor(args: argparse.Namespace) -> int:
     from ivralo_kernel.cli.doctor import doctor
 
-    return doctor(args.json, tuple(args.settings))
+    return doctor(args.json, tuple(args.settings), project=args.project)
 
 
 def _config(args: argparse.Namespace) -> int:
@@ -136,6 +147,12 @@ def build_parser() -> argparse.ArgumentParser:
         "unless --name is given",
     )
     p.add_argument("--python", metavar="PATH", help="run the kernel with this interpreter (default: this one)")
+    p.add_argument(
+        "--project",
+        metavar="PATH",
+        help="run the kernel in this project's interpreter: its uv .venv, Poetry environment, .venv or venv, "
+        "else python3 on PATH (the spec is named ivralo-FOLDER unless --name is given)",
+    )
     p.add_argument("--deadline-ms", type=int, metavar="MS", help="per-execution deadline (default: none)")
     p.add_argument("--interrupt-grace-ms", type=int, metavar="MS", help="grace after the deadline's interrupt")
     p.add_argument("--memory-limit", type=int, metavar="BYTES", help="RLIMIT_DATA (default: half the RAM)")
@@ -166,6 +183,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = commands.add_parser("doctor", help="start a kernel and report which protections are in force here")
     p.epilog = SETTINGS_EPILOG
     p.add_argument("--json", action="store_true", help="machine-readable report")
+    p.add_argument(
+        "--project", metavar="PATH", help="start the kernel in this project's interpreter, as a Session would"
+    )
     p.set_defaults(func=_doctor)
 
     for name, text in (

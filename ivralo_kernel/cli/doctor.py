@@ -171,8 +171,8 @@ def _broker_check(workspace: str) -> dict[str, str]:
     }
 
 
-async def _probe(settings: tuple[str, ...]) -> dict[str, Any]:
-    config = WorkerConfig.from_command_line(settings)
+async def _probe(settings: tuple[str, ...], project: str | None = None) -> dict[str, Any]:
+    config = WorkerConfig.from_command_line(settings, **({"project": project} if project else {}))
     with tempfile.TemporaryDirectory(prefix="ivralo-doctor-") as workspace:
         async with Session(workspace=workspace, config=config) as session:
             result = await session.run("pass")
@@ -183,8 +183,8 @@ async def _probe(settings: tuple[str, ...]) -> dict[str, Any]:
     return {"ok": all(c["status"] == "ok" for c in checks), "kernel": info, "checks": checks}
 
 
-def doctor(as_json: bool, settings: tuple[str, ...] = ()) -> int:
-    report = asyncio.run(_probe(settings))
+def doctor(as_json: bool, settings: tuple[str, ...] = (), project: str | None = None) -> int:
+    report = asyncio.run(_probe(settings, project))
     if as_json:
         print(json.dumps(report, indent=1))
         return 0 if report["ok"] else 1
@@ -193,6 +193,8 @@ def doctor(as_json: bool, settings: tuple[str, ...] = ()) -> int:
         return 1
     kernel = report["kernel"]
     print(f"ivralo-kernel doctor: started a kernel (pid {kernel.get('pid')}, ready in {kernel.get('bootstrap_ms')} ms)")
+    interpreter = kernel.get("interpreter") or {}
+    print(f"  interpreter: {interpreter.get('choice', '?')}")
     for check in report["checks"]:
         mark = "ok  " if check["status"] == "ok" else "MISS"
         print(f"  [{mark}] {check['mechanism']:22} {check['detail']}")

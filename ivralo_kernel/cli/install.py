@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -13,6 +14,7 @@ from typing import Any
 
 from jupyter_client.kernelspec import KernelSpecManager
 
+from ivralo_kernel.host.interpreters import discover, launch_for
 from ivralo_kernel.host.kernelspec import LOGO_SVG, kernel_spec_dict
 from ivralo_kernel.protocol import KernelSpecError, names
 
@@ -52,16 +54,31 @@ def install(
     display_name: str | None = None,
     provisioner_config: dict[str, Any] | None = None,
     surface: str = names.SURFACE_PROJECT,
+    project: str | None = None,
 ) -> str:
     """Install one kernelspec; return the folder it was written to.
 
     ``provisioner_config`` holds IvraloProvisioner settings (deadline_ms, memory_limit_bytes, ...)
     that every host starting this kernelspec applies; they live in kernel.json, out of the code's reach.
     ``surface`` "hermetic" writes the hermetic surface's spec (by default named ``ivralo-hermetic``).
+    ``project``: run the kernel in that project's interpreter (``host.interpreters``; by default named
+    ``ivralo-<folder>``).
     """
     if surface not in names.SURFACES:
         raise KernelSpecError(f"--surface {surface}: no such surface. Use one of: {', '.join(names.SURFACES)}.")
     hermetic = surface == names.SURFACE_HERMETIC
+    if project is not None:
+        if hermetic or python:
+            given = "--surface hermetic" if hermetic else "--python"
+            raise KernelSpecError(f"--project and {given} both choose the interpreter's packages: give one of them.")
+        return _install_project(
+            project,
+            user=user,
+            prefix=prefix,
+            name=name,
+            display_name=display_name,
+            config=dict(provisioner_config or {}),
+        )
     name = name or (names.HERMETIC_KERNEL_NAME if hermetic else names.KERNEL_NAME)
     config = dict(provisioner_config or {})
     if hermetic:
@@ -69,6 +86,27 @@ def install(
     interpreter = check_python(python) if python else sys.executable
     default_display = names.HERMETIC_DISPLAY_NAME if hermetic else names.DISPLAY_NAME
     spec = kernel_spec_dict(python=interpreter, display_name=display_name or default_display, provisioner_config=config)
+    return _write(spec, name, user=user, prefix=prefix)
+
+
+def _install_project(
+    project: str, *, user: bool, prefix: str | None, name: str | None, display_name: str | None, config: dict[str, Any]
+) -> str:
+    """A project surface's spec whose argv runs the project's interpreter, the way a Session does."""
+    launch = launch_for(discover(project))  # an InterpreterError says what to install, and how
+    folder = Path(project).expanduser().absolute().name or "project"
+    name = name or f"ivralo-{re.sub(r'[^a-z0-9._-]+', '-', folder.lower()).strip('-') or 'project'}"
+    config.pop("surface", None)
+    spec = kernel_spec_dict(
+        python=launch.python,
+        display_name=display_name or f"Python (ivralo, {folder})",
+        provisioner_config=config,
+        env=launch.env(),
+    )
+    return _write(spec, name, user=user, prefix=prefix)
+
+
+def _write(spec: dict[str, Any], name: str, *, user: bool, prefix: str | None) -> str:
     with tempfile.TemporaryDirectory() as staging:
         Path(staging, "kernel.json").write_text(json.dumps(spec, indent=1) + "\n", encoding="utf-8")
         Path(staging, "logo-svg.svg").write_text(LOGO_SVG, encoding="utf-8")

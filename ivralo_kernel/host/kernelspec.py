@@ -12,12 +12,16 @@ from collections.abc import Mapping
 from typing import Any
 
 from ivralo_kernel.protocol import names
+from ivralo_kernel.protocol.bootstrap import module_argv
 
 SUPERVISOR_MODULE = "ivralo_kernel.supervisor"
 
 
-def kernel_argv(python: str | None = None) -> list[str]:
-    return [python or sys.executable, "-P", "-B", "-m", SUPERVISOR_MODULE, "-f", "{connection_file}"]
+def kernel_argv(python: str | None = None, private_path: bool = False) -> list[str]:
+    """``private_path``: the interpreter lacks ivralo, which comes from ``IVRALO_CODE_PATH`` (in the
+    spec's env), appended after its own site-packages by ``protocol.bootstrap``."""
+    args = ["-f", "{connection_file}"]
+    return module_argv(python or sys.executable, SUPERVISOR_MODULE, args, private_path=private_path)
 
 
 # A raw launch (VS Code runs argv itself) reads no provisioner config, only kernel.json's env: the
@@ -68,7 +72,7 @@ def kernel_spec_dict(
     """The content of ``kernel.json``."""
     env = {**raw_launch_env(provisioner_config or {}), **(env or {})}
     return {
-        "argv": kernel_argv(python),
+        "argv": kernel_argv(python, private_path=bool(env.get(names.ENV_CODE_PATH))),
         "display_name": display_name,
         "language": "python",
         # jupyter_client signals the supervisor's group, VS Code its pid: it passes SIGINT on, once.

@@ -36,5 +36,8 @@ class IvraloKernelManager(AsyncKernelManager):  # type: ignore[misc]
         return cls(kernel_spec_manager=_OneSpecManager(spec=kernel_spec), kernel_name=names.KERNEL_NAME, **kwargs)
 
     @classmethod
-    def for_settings(cls, python: str | None = None, **provisioner_config: Any) -> IvraloKernelManager:
-        return cls.for_spec(kernel_spec_dict(python=python, provisioner_config=provisioner_config))
+    def for_settings(
+        cls, python: str | None = None, env: dict[str, str] | None = None, **provisioner_config: Any
+    ) -> IvraloKernelManager:
+        """``env``: the kernelspec's own (an interpreter's private path and its description)."""
+        return cls.for_spec(kernel_spec_dict(python=python, provisioner_config=provisioner_config, env=env))

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import time
@@ -25,9 +26,10 @@ from typing import Any
 import psutil
 
 from ivralo_kernel.host.config import WorkerConfig
+from ivralo_kernel.host.interpreters import KernelLaunch, plan
 from ivralo_kernel.host.observer import human_bytes
 from ivralo_kernel.host.worker import Worker, WorkerSettings
-from ivralo_kernel.protocol import IvraloError
+from ivralo_kernel.protocol import ConfigError, IvraloError
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +69,8 @@ class WorkerPool:
         python: str | None = None,
     ) -> None:
         config = config or WorkerConfig()
+        if python is not None and config.project is not None:
+            raise ConfigError("python", f"and project={config.project!r} both name the interpreter", "Give one of them")
         if role is not None:  # validated like every setting: one role model
             config = config.replace(role=role)
         self.settings = WorkerSettings(str(Path(workspace).resolve()), config, config.role, python)
@@ -76,6 +80,7 @@ class WorkerPool:
         self._starting = 0
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
+        self._planning = asyncio.Lock()
 
     async def __aenter__(self) -> WorkerPool:
         await self.start()
@@ -129,10 +134,20 @@ class WorkerPool:
         await worker.stop()
         self._replenish()
 
+    async def interpreter(self) -> KernelLaunch:
+        """The interpreter this pool's kernels run (found once: discovery and its probe start processes)."""
+        async with self._planning:
+            if self.settings.launch is None:
+                launch = await asyncio.to_thread(plan, self.config.project, self.settings.python)
+                self.settings = dataclasses.replace(self.settings, launch=launch)
+            assert self.settings.launch is not None
+            return self.settings.launch
+
     async def _start_worker(self) -> Worker:
         await self._ensure_memory()
         self._starting += 1
         try:
+            await self.interpreter()
             return await Worker.start(self.settings)
         finally:
             self._starting -= 1

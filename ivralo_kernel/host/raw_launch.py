@@ -38,6 +38,7 @@ from ivralo_kernel.host.kernelspec import SUPERVISOR_MODULE
 from ivralo_kernel.host.sandbox import TOOL_FILES_DEFAULT, availability, dotenv_for_kernel, prepare_workspace
 from ivralo_kernel.host.sandbox_launch import CHANNELS, SandboxFolder, kernel_connection, sandboxed_command
 from ivralo_kernel.protocol import KernelPolicy, database_env_names, names, scrub
+from ivralo_kernel.protocol.bootstrap import module_argv
 from ivralo_kernel.protocol.processes import from_returncode
 from ivralo_kernel.protocol.trust import is_trusted
 
@@ -47,7 +48,7 @@ _WATCHED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal
 
 
 def _supervisor_argv(args: list[str]) -> list[str]:
-    return [sys.executable, "-P", "-B", "-m", SUPERVISOR_MODULE, *args]
+    return module_argv(sys.executable, SUPERVISOR_MODULE, args)
 
 
 def kernel_env(workspace: str, files: WorkspaceFiles, protected: frozenset[str]) -> dict[str, str]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import ast
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import math
@@ -47,6 +48,7 @@ from ivralo_kernel.host.namespace import (
 )
 from ivralo_kernel.host.outputs import CellOutput, error_result, lost_names_message, with_effects
 from ivralo_kernel.host.pool import HostMemoryError, WorkerPool, WorkerPoolExhaustedError
+from ivralo_kernel.host.test_runs import RUNNERS, run_report, runner_cell
 from ivralo_kernel.host.watchdog import Watchdog
 from ivralo_kernel.host.worker import Worker
 from ivralo_kernel.protocol import ConfigError, WorkerBootstrapError, names
@@ -83,7 +85,7 @@ class Session:
 
     def __init__(
         self,
-        workspace: str | os.PathLike[str] = ".",
+        workspace: str | os.PathLike[str] | None = None,
         config: WorkerConfig | None = None,
         role: str | None = None,
         grants: tuple[str, ...] = (),
@@ -93,10 +95,12 @@ class Session:
         gateway_url: str | None = None,
         *,
         python: str | None = None,
+        project: str | os.PathLike[str] | None = None,
         pool: WorkerPool | None = None,
     ) -> None:
-        if pool is not None and (config is not None or role is not None or python is not None):
-            given = ", ".join(n for n, v in (("config", config), ("role", role), ("python", python)) if v is not None)
+        given_to_pool = (("config", config), ("role", role), ("python", python), ("project", project))
+        if pool is not None and any(v is not None for _, v in given_to_pool):
+            given = ", ".join(n for n, v in given_to_pool if v is not None)
             raise ConfigError(
                 given,
                 "a Session given a pool runs on the pool's workers, so these would be ignored",
@@ -110,6 +114,10 @@ class Session:
             )
         if pool is None and surface is not None:  # validated like every setting: one surface model
             config = (config or WorkerConfig()).replace(surface=surface)
+        if project is not None:  # the project surface's interpreter (host/interpreters.py)
+            config = (config or WorkerConfig()).replace(project=os.fspath(project))
+        if workspace is None:  # a project's kernel works in the project, unless told otherwise
+            workspace = project if project is not None else "."
         self._pool = pool or WorkerPool(workspace, config, role, python)
         self._owns_pool = pool is None
         self.workspace = self._pool.settings.workspace
@@ -373,6 +381,46 @@ class Session:
             await self._release_worker()
             if self._owns_pool:
                 await self._pool.close()
+
+    async def interpreter(self) -> str:
+        """Which Python this session's kernels run, and why (kernel_info says it too, once one started)."""
+        return (await self._pool.interpreter()).description
+
+    async def run_tests(self, path: str = ".", runner: str | None = None, args: tuple[str, ...] = ()) -> dict[str, Any]:
+        """Run the tests at ``path`` (relative to the workspace) in a fresh kernel of ``runner``'s surface
+        (None: this session's): "project" runs pytest in the project's interpreter (``args`` go to it),
+        "hermetic" runs them with the standard library only (see ``host/test_runs.py``). Returns
+        ``{"runner", "status", "passed", "failed", "errors", "skipped", "output"}``, and ``"error"`` when
+        the run could not complete, or a hermetic run met a module off its surface. This session's own
+        namespace is not touched."""
+        runner = runner or self.surface
+        if runner not in RUNNERS:
+            raise ConfigError("runner", f"{runner!r} is not one of {', '.join(RUNNERS)}", "Pick one of them")
+        if self.approve is not None and not await self.approve(f"# run_tests({path!r}, runner={runner!r})"):
+            return run_report(runner, error_result("", "refused: the person did not approve this test run"))
+        # The code gate judges an agent's cells; the runner's cell is ivralo's own (the tests are files).
+        changes: dict[str, Any] = {"surface": runner, "code_gate": False, "prewarm_pool_size": 0}
+        if runner != self.surface:  # the hermetic surface has no project; a hermetic session had none
+            changes["project"] = None
+        pool = WorkerPool(self.workspace, self.config.replace(**changes), self.role)
+        try:
+            if runner == names.SURFACE_PROJECT:
+                try:
+                    launch = await self._pool.interpreter() if self.surface == runner else await pool.interpreter()
+                except WorkerBootstrapError as exc:
+                    return run_report(runner, error_result("", str(exc)))
+                if "pytest" not in launch.found:
+                    message = (
+                        f"pytest is not installed in the project's interpreter, {launch.description}. Install it "
+                        f"there: {launch.install_command('pytest')}"
+                    )
+                    return run_report(runner, error_result("", message))
+                pool.settings = dataclasses.replace(pool.settings, launch=launch)
+            async with Session(pool=pool, grants=self.grants, ask=self.ask) as tests:
+                result = await tests.run(runner_cell(runner, path, tuple(args)))
+        finally:
+            await pool.close()
+        return run_report(runner, result)
 
     async def list_vars(self) -> list[str]:
         """Names of the variables in the namespace now (no values)."""

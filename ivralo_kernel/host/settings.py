@@ -320,6 +320,17 @@ class IvraloAgent(IvraloSettings):
     replace_killed_kernel = Flag(False, config=True, help=IvraloSettings.replace_killed_kernel.help)
     audience = Choice(AUDIENCES, default_value=AGENT, config=True, help=IvraloSettings.audience.help)
 
+    project = Unicode(
+        None,
+        allow_none=True,
+        config=True,
+        help="A project folder whose interpreter the kernel runs (the project surface): a uv project's .venv "
+        "(pyvenv.cfg says uv), else a Poetry project's environment (poetry env info -p, with poetry on PATH), "
+        "else a .venv or venv folder, else python3 on PATH; the first match wins, and kernel_info and doctor "
+        "say which. An interpreter without ivralo-kernel or ipykernel gets ivralo's own packages after its "
+        "site-packages (same Python minor only). None: ivralo's own interpreter. Jupyter's hosts: "
+        "ivralo-kernel install --project PATH.",
+    )
     bootstrap_timeout_ms = Count(
         60_000, config=True, help="How long a new worker gets to answer its first kernel_info, in ms."
     )
@@ -344,6 +355,12 @@ class IvraloAgent(IvraloSettings):
 
     def check(self) -> None:
         super().check()
+        if self.project is not None and self.surface == names.SURFACE_HERMETIC:
+            raise ConfigError(
+                "project",
+                "the hermetic surface sees the standard library and ivralo's helpers, never a project's packages",
+                'Use surface="project" with a project, or leave project out',
+            )
         if self.prewarm_pool_size > self.max_workers:
             raise ConfigError(
                 "prewarm_pool_size",

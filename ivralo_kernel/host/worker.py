@@ -16,6 +16,7 @@ from jupyter_client.asynchronous.client import AsyncKernelClient
 
 from ivralo_kernel.host.config import WorkerConfig
 from ivralo_kernel.host.dataplane import Exchange
+from ivralo_kernel.host.interpreters import KernelLaunch
 from ivralo_kernel.host.manager import IvraloKernelManager
 from ivralo_kernel.host.processes import tree_of
 from ivralo_kernel.host.watchdog import Watchdog
@@ -29,6 +30,7 @@ class WorkerSettings:
     config: WorkerConfig
     role: str = names.ROLE_SPECIALIST
     python: str | None = None
+    launch: KernelLaunch | None = None  # the interpreter chosen (None: ``python``, or ivralo's own)
 
     def provisioner_config(self) -> dict[str, Any]:
         """Every kernel setting, so the provisioner applies this session's values and nothing else."""
@@ -47,7 +49,9 @@ class Worker:
 
     @classmethod
     async def start(cls, settings: WorkerSettings) -> Worker:
-        km = IvraloKernelManager.for_settings(python=settings.python, **settings.provisioner_config())
+        launch = settings.launch
+        python, env = (launch.python, launch.env()) if launch else (settings.python, None)
+        km = IvraloKernelManager.for_settings(python=python, env=env, **settings.provisioner_config())
         await km.start_kernel(cwd=settings.workspace)
         kc = km.client()
         kc.start_channels()

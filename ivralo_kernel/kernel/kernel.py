@@ -37,6 +37,14 @@ from ivralo_kernel.kernel.pip_magic import guarded_pip
 from ivralo_kernel.protocol import names
 from ivralo_kernel.protocol.messages import BrokerRequest, CallRecord, Effects
 
+# Which Python this is and why the host chose it (read before any cell could change the variable).
+_INTERPRETER = {
+    "python": sys.executable,
+    "version": ".".join(map(str, sys.version_info[:3])),
+    "choice": os.environ.get(names.ENV_INTERPRETER) or "the kernelspec's interpreter",
+    "private_path": [p for p in os.environ.get(names.ENV_CODE_PATH, "").split(os.pathsep) if p],
+}
+
 CONTROL_EXECUTE_REFUSED = (
     "execute_request on the control channel is refused: ivralo runs code only on the shell "
     "channel, on the one thread where interrupts and deadlines reach it. Send it on shell."
@@ -118,6 +126,7 @@ class IvraloKernel(compat.KernelOverrides, IPythonKernel):
             "workspace": STATE.workspace,
             "role": STATE.role,
             "surface": STATE.policy.surface if STATE.policy is not None else names.SURFACE_PROJECT,
+            "interpreter": _INTERPRETER,
             "layers": dict(STATE.layers),
             "scrubbed": list(STATE.scrubbed),
             "notes": list(STATE.notes),  # as the banner shows them

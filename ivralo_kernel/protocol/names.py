@@ -34,6 +34,10 @@ ENV_LANDLOCK_NETWORK: Final = "IVRALO_LANDLOCK_NETWORK"  # "on": the TCP connect
 ENV_TMPDIR: Final = "IVRALO_TMPDIR"  # the kernel's private temp folder, made and removed by the supervisor
 ENV_INTERRUPT_GRACE_MS: Final = "IVRALO_INTERRUPT_GRACE_MS"
 ENV_SURFACE: Final = "IVRALO_SURFACE"  # "project" or "hermetic"
+# A project's interpreter without ivralo: ivralo's own packages, appended to sys.path (protocol.bootstrap).
+ENV_CODE_PATH: Final = "IVRALO_CODE_PATH"
+# Which interpreter the kernel runs and why ("uv project (.venv, uv 0.4.0)"): kernel_info reports it.
+ENV_INTERPRETER: Final = "IVRALO_INTERPRETER"
 # The static code gate for a raw launch: "on", and its lists comma-separated (unset: the defaults).
 ENV_CODE_GATE: Final = "IVRALO_CODE_GATE"
 ENV_CODE_GATE_MODULES: Final = "IVRALO_CODE_GATE_MODULES"

@@ -12,6 +12,7 @@ import os
 import sys
 
 from ivralo_kernel.protocol import KernelPolicy, database_env_names, names, scrub
+from ivralo_kernel.protocol.bootstrap import module_argv
 
 
 def hand_over_a_raw_launch(args: list[str]) -> None:
@@ -24,5 +25,5 @@ def hand_over_a_raw_launch(args: list[str]) -> None:
     workspace = KernelPolicy.from_env(os.environ, os.getcwd()).workspace
     db_names, _ = database_env_names(workspace, os.environ)
     clean, _ = scrub(os.environ, db_names)
-    argv = [sys.executable, "-P", "-B", "-m", names.RAW_LAUNCH_MODULE, *args]
+    argv = module_argv(sys.executable, names.RAW_LAUNCH_MODULE, args, env=clean)
     os.execve(argv[0], argv, clean)  # noqa: S606 - our own module, no shell

@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 from ivralo_kernel.protocol import KernelPolicy, database_env_names, names, pipe, scrub, worker_log
+from ivralo_kernel.protocol.bootstrap import module_argv
 from ivralo_kernel.protocol.processes import describe_exit, exit_code
 from ivralo_kernel.supervisor import linux, tree
 from ivralo_kernel.supervisor.backstop import Backstop
@@ -77,7 +78,7 @@ def _kernel_env(workspace: str, stage_fd: int, tmp: str) -> dict[str, str]:
 
 def _start_kernel(argv: list[str], env: dict[str, str], stderr_fd: int) -> int:
     # Frozen standard modules hide their source from the debugger: breakpoints in them are missed.
-    cmd = [sys.executable, "-P", "-B", "-Xfrozen_modules=off", "-m", "ivralo_kernel.kernel", *argv]
+    cmd = module_argv(sys.executable, "ivralo_kernel.kernel", argv, ("-P", "-B", "-Xfrozen_modules=off"), env=env)
     supervisor = os.getpid()
     pid = os.fork()
     if pid:

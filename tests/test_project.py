@@ -1,0 +1,281 @@
+"""The project surface (issue 15, Musts 2 and 6): the project's interpreter (uv's .venv, Poetry's
+environment, a .venv or venv, else python3 on PATH: the first match wins, and the choice is reported),
+the kernel running in it with ivralo's packages after its own, ``install --project``, and
+``Session.run_tests`` on either surface."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from jupyter_client.manager import KernelManager
+from kernel_helpers import execute
+
+from ivralo_kernel.cli.app import main
+from ivralo_kernel.host import ConfigError, Session, WorkerConfig, WorkerPool
+from ivralo_kernel.host.interpreters import Interpreter, InterpreterError, discover, launch_for, private_path
+from ivralo_kernel.host.kernelspec import kernel_spec_dict
+from ivralo_kernel.host.test_runs import MARKER, run_report
+from ivralo_kernel.protocol import names
+from ivralo_kernel.protocol.bootstrap import BOOTSTRAP, module_argv
+from ivralo_kernel.protocol.trust import set_trust
+
+fast = pytest.mark.fast
+
+
+def fake_venv(folder: Path, uv: str | None = None) -> Path:
+    """A venv's shape without starting a process: bin/python (a link to this interpreter), pyvenv.cfg."""
+    (folder / "bin").mkdir(parents=True)
+    (folder / "bin" / "python").symlink_to(sys.executable)
+    cfg = f"home = {Path(sys.executable).parent}\ninclude-system-site-packages = false\n"
+    cfg += "version = 3.11\n" + (f"uv = {uv}\n" if uv else "")
+    (folder / "pyvenv.cfg").write_text(cfg)
+    return folder / "bin" / "python"
+
+
+def script(path: Path, body: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"#!/bin/sh\n{body}\n")
+    path.chmod(0o755)
+    return path
+
+
+def real_venv(folder: Path, uv: str | None = "0.4.0") -> Path:
+    """A real venv (``--without-pip``: no ivralo, no ipykernel, no pytest in it), uv's if ``uv``."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(folder)], check=True, timeout=60)
+    if uv:
+        with open(folder / "pyvenv.cfg", "a", encoding="utf-8") as f:
+            f.write(f"uv = {uv}\n")
+    return folder / "bin" / "python"
+
+
+# ---- discovery: which interpreter, and why (no process: fast) ------------------------------------
+
+
+@fast
+def test_discovery_order(tmp_path: Path) -> None:
+    empty_path = str(tmp_path / "no-bin")  # nothing on PATH: no poetry, no python3
+    # A uv project: its .venv says uv made it. It wins over a venv folder next to it.
+    uv = tmp_path / "uv-project"
+    python = fake_venv(uv / ".venv", uv="0.4.0")
+    fake_venv(uv / "venv")
+    assert discover(uv, path=empty_path) == Interpreter(str(python), "uv", "uv project (.venv, uv 0.4.0)")
+    # A plain venv folder.
+    plain = tmp_path / "plain"
+    python = fake_venv(plain / "venv")
+    assert discover(plain, path=empty_path) == Interpreter(str(python), "venv", "virtual environment (venv)")
+    # A .venv that uv did not make: a plain virtual environment, before venv.
+    dot = tmp_path / "dot"
+    python = fake_venv(dot / ".venv")
+    fake_venv(dot / "venv")
+    assert discover(dot, path=empty_path).reason == "virtual environment (.venv)"
+    # A Poetry project without poetry on PATH: said, and the next match wins.
+    (dot / "pyproject.toml").write_text('[tool.poetry]\nname = "x"\n')
+    found = discover(dot, path=empty_path)
+    assert found.python == str(python)
+    assert found.reason == "virtual environment (.venv); pyproject.toml has [tool.poetry] but poetry is not on PATH"
+    # Nothing in the folder: python3 on PATH.
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    python3 = tmp_path / "bin" / "python3"
+    python3.parent.mkdir()
+    python3.symlink_to(sys.executable)
+    assert discover(bare, path=str(python3.parent)) == Interpreter(str(python3), "path", f"python3 on PATH ({python3})")
+    with pytest.raises(InterpreterError, match="no python3 on PATH"):
+        discover(bare, path=empty_path)
+    with pytest.raises(InterpreterError, match="no such folder"):
+        discover(tmp_path / "missing")
+
+
+@fast
+def test_private_path_comes_after_the_project_packages() -> None:
+    """The bootstrap appends (never PYTHONPATH, which goes first); every hop builds the same command."""
+    assert module_argv("/p/python", "m", ["-f", "x"], private_path=False) == [
+        "/p/python",
+        "-P",
+        "-B",
+        "-m",
+        "m",
+        "-f",
+        "x",
+    ]
+    argv = module_argv("/p/python", "m", ["-f", "x"], env={names.ENV_CODE_PATH: "/a:/b"})
+    assert argv == ["/p/python", "-P", "-B", "-c", BOOTSTRAP, "m", "-f", "x"]
+    assert "sys.path+=" in BOOTSTRAP and "PYTHONPATH" not in BOOTSTRAP
+    spec = kernel_spec_dict(python="/p/python", env={names.ENV_CODE_PATH: "/a"})
+    assert spec["argv"][3:6] == ["-c", BOOTSTRAP, "ivralo_kernel.supervisor"]
+    assert kernel_spec_dict(python="/p/python")["argv"][3:5] == ["-m", "ivralo_kernel.supervisor"]
+    import ivralo_kernel
+
+    assert private_path()[0] == str(Path(ivralo_kernel.__file__).resolve().parents[1])
+
+
+@fast
+def test_project_settings(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"^project: the hermetic surface sees"):
+        WorkerConfig(project=str(tmp_path), surface="hermetic")
+    with pytest.raises(ConfigError, match=r"^python: and project="):
+        WorkerPool(tmp_path, WorkerConfig(project=str(tmp_path)), python=sys.executable)
+    with pytest.raises(ConfigError, match="project"):
+        Session(pool=WorkerPool(tmp_path), project=tmp_path)
+    session = Session(project=tmp_path)  # the project is the workspace unless one is given
+    assert session.workspace == str(tmp_path.resolve()) and session.config.project == str(tmp_path)
+
+
+@fast
+def test_report_parsing() -> None:
+    counts = {"passed": 2, "failed": 0, "errors": 0, "skipped": 1, "exit_code": 0}
+    report = run_report("project", f"..\n{MARKER}{json.dumps(counts)}\n")
+    assert report == {
+        "runner": "project",
+        "status": "passed",
+        "passed": 2,
+        "failed": 0,
+        "errors": 0,
+        "skipped": 1,
+        "output": "..\n",
+    }
+    missing = {**counts, "errors": 1, "missing_modules": [{"file": "t.py", "module": "numpy", "message": ""}]}
+    report = run_report("hermetic", f"{MARKER}{json.dumps(missing)}\n")
+    assert report["status"] == "error" and 'runner="project"' in report["error"] and "numpy" in report["error"]
+    lost = run_report("project", {"status": "error", "result": "", "error": "timeout: execution exceeded"})
+    assert lost["status"] == "error" and lost["error"] == "timeout: execution exceeded"
+
+
+# ---- with processes: Poetry's answer, the probe, a kernel in the project's interpreter --------
+
+
+def test_poetry_project(tmp_path: Path) -> None:
+    """``poetry env info -p`` (a stub on PATH) names the environment; a failing Poetry is said."""
+    env = tmp_path / "cache" / "virtualenvs" / "demo-py3.11"
+    python = fake_venv(env)
+    project = tmp_path / "demo"
+    project.mkdir()
+    (project / "pyproject.toml").write_text('[tool.poetry]\nname = "demo"\n')
+    fake_venv(project / "venv")  # a later match: Poetry's environment wins
+    bin_dir = tmp_path / "bin"
+    script(bin_dir / "poetry", f'[ "$1 $2 $3" = "env info -p" ] && echo {env}')
+    found = discover(project, path=str(bin_dir))
+    assert found == Interpreter(str(python), "poetry", f"Poetry project (poetry env info -p: {env})")
+    script(bin_dir / "poetry", "exit 1")  # no environment yet
+    found = discover(project, path=str(bin_dir))
+    assert found.kind == "venv"
+    assert "Poetry has no environment for it yet (poetry install makes one)" in found.reason
+
+
+def test_another_python_minor_without_ivralo_is_a_clear_error(tmp_path: Path) -> None:
+    python = script(tmp_path / "bin" / "python", """echo '{"version": "3.99.1", "found": ["pytest"]}'""")
+    with pytest.raises(InterpreterError) as caught:
+        launch_for(Interpreter(str(python), "uv", "uv project (.venv, uv 0.4.0)"))
+    message = str(caught.value)
+    assert "has no ipykernel and no ivralo_kernel" in message
+    assert f"Python 3.99.1 while ivralo's own packages are built for Python {sys.version_info[0]}." in message
+    assert message.endswith(f"Install ivralo-kernel there: uv pip install --python {python} ivralo-kernel")
+
+
+def test_a_project_copy_of_another_major_is_a_clear_error(tmp_path: Path) -> None:
+    """The project's packages come first: its IPython 1.x would sit under ivralo's ipykernel."""
+    from importlib.metadata import version
+
+    same = ".".join(map(str, sys.version_info[:3]))
+    report = json.dumps(
+        {"version": same, "found": [], "dists": {"ipython": "1.0.0", "traitlets": version("traitlets")}}
+    )
+    python = script(tmp_path / "bin" / "python", f"echo '{report}'")
+    with pytest.raises(InterpreterError) as caught:
+        launch_for(Interpreter(str(python), "venv", "virtual environment (.venv)"))
+    message = str(caught.value)
+    assert f"has ipython 1.0.0 (ivralo's: {version('ipython')}): its own copies come before ivralo's" in message
+    assert "traitlets" not in message
+    assert message.endswith(f"(it brings versions that fit): {python} -m pip install ivralo-kernel")
+
+
+async def test_a_kernel_in_the_projects_interpreter(tmp_path: Path) -> None:
+    """A uv project whose .venv has neither ivralo nor ipykernel: the kernel runs its interpreter, in
+    the sandbox, with ivralo's packages after the project's own; kernel_info says which and why."""
+    project = tmp_path / "proj"
+    python = real_venv(project / ".venv")
+    site = next((project / ".venv" / "lib").glob("python3*/site-packages"))
+    (site / "projectlib.py").write_text("WHERE = 'project'\n")
+    (project / "tests").mkdir()
+    (project / "tests" / "test_pure.py").write_text(
+        "import json\n\ndef test_ok():\n    assert json.loads('[1]') == [1]\n\n"
+        "def test_bad():\n    assert 1 == 2\n\nclass TestThing:\n    def test_method(self):\n        pass\n"
+        "\n    def test_fixture(self, tmp_path):\n        pass\n"
+    )
+    (project / "tests" / "test_needs_numpy.py").write_text("import numpy\n\ndef test_np():\n    assert numpy\n")
+    set_trust(str(project), True, os.environ)
+    async with Session(project=project, surface="project") as s:
+        code = "import sys, projectlib, ipykernel\nprint(sys.executable)\nprint(projectlib.WHERE)\nprint(sys.path.index"
+        code += "(projectlib.__file__.rsplit('/', 1)[0]) < sys.path.index(ipykernel.__file__.rsplit('/', 2)[0]))"
+        assert await s.run(code) == f"{python}\nproject\nTrue\n"
+        section = s.kernel_info["ivralo"]
+        assert section["interpreter"]["python"] == str(python)
+        choice = f"{python} (Python {'.'.join(map(str, sys.version_info[:3]))}; uv project (.venv, uv 0.4.0); "
+        assert section["interpreter"]["choice"] == choice + "ivralo's packages from a private path after its own)"
+        assert section["layers"]["sandbox"].startswith("bwrap")
+        assert section["layers"]["write_guard"] == "audit hook"  # ivralo's guards, without ipykernel there
+        assert isinstance(await s.run("open('/etc/ivralo-denied', 'w')"), dict)
+        assert await s.interpreter() == section["interpreter"]["choice"]
+
+        # Tests: the hermetic runner (the standard library; a third-party import is said, with the way out),
+        hermetic = await s.run_tests("tests", runner="hermetic")
+        assert (hermetic["passed"], hermetic["failed"], hermetic["errors"], hermetic["skipped"]) == (2, 1, 1, 1)
+        assert hermetic["status"] == "error"
+        assert hermetic["error"].startswith("the hermetic run stopped at an import of numpy")
+        assert hermetic["error"].endswith('Run these tests on the project surface: run_tests(path, runner="project")')
+        assert "FAILED tests/test_pure.py::test_bad" in hermetic["output"]
+        assert "needs pytest fixtures (tmp_path): run it with runner='project'" in hermetic["output"]
+        # and the project runner, which needs pytest in the project itself.
+        project_run = await s.run_tests("tests/test_pure.py", runner="project")
+        assert project_run["status"] == "error"
+        assert project_run["error"].endswith(f"Install it there: uv pip install --python {python} pytest")
+        assert await s.list_vars() == ["ipykernel", "projectlib", "sys"]  # the runs left it as it was
+
+
+async def test_project_runner_runs_pytest(workspace: Path) -> None:
+    """In an interpreter that has pytest (ivralo's own here), pytest's own counts and output."""
+    (workspace / "test_one.py").write_text("def test_a():\n    assert True\n\ndef test_b():\n    assert 2 == 3\n")
+    set_trust(str(workspace), True, os.environ)
+    async with Session(workspace=workspace, python=sys.executable) as s:
+        report = await s.run_tests("test_one.py", runner="project", args=("-q",))
+    assert (report["status"], report["passed"], report["failed"]) == ("failed", 1, 1), report
+    assert "assert 2 == 3" in report["output"]
+
+
+def test_install_project_spec(tmp_path: Path, workspace: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``install --project``: a spec named after the folder whose argv runs the project's interpreter,
+    started here by jupyter_client as any Jupyter host would."""
+    project = tmp_path / "My Project"
+    python = fake_venv(project / "venv")  # its own pyvenv.cfg: none of ivralo's packages, the private path
+    prefix = tmp_path / "prefix"
+    assert main(["install", "--project", str(project), "--prefix", str(prefix)]) == 0
+    printed = capsys.readouterr().out
+    assert "Installed kernelspec ivralo-my-project" in printed
+    assert f"interpreter: {python} (Python" in printed and "virtual environment (venv); ivralo's packages" in printed
+    spec_dir = prefix / "share" / "jupyter" / "kernels" / "ivralo-my-project"
+    spec = json.loads((spec_dir / "kernel.json").read_text())
+    assert spec["argv"][:6] == [str(python), "-P", "-B", "-c", BOOTSTRAP, "ivralo_kernel.supervisor"]
+    assert spec["env"][names.ENV_CODE_PATH] == os.pathsep.join(private_path())
+    assert spec["display_name"] == "Python (ivralo, My Project)"
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    km = KernelManager(
+        kernel_name="ivralo-my-project", kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(spec_dir.parent)])
+    )
+    km.start_kernel(cwd=str(workspace))
+    try:
+        kc = km.client()
+        kc.start_channels()
+        kc.wait_for_ready(timeout=60)
+        assert execute(kc, "import sys\nprint(sys.executable)").stdout == f"{python}\n"
+        info = kc.kernel_info(reply=True)["content"]["ivralo"]["interpreter"]
+        assert info["python"] == str(python) and "virtual environment (venv)" in info["choice"]
+        kc.stop_channels()
+    finally:
+        km.shutdown_kernel(now=True)
+    assert main(["install", "--project", str(project), "--python", sys.executable, "--prefix", str(prefix)]) == 2
