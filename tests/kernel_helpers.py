@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from jupyter_client.blocking.client import BlockingKernelClient
+from jupyter_client.channels import HBChannel
 
 from ivralo_kernel.host.outputs import CellOutput
 
@@ -90,3 +91,29 @@ def answering(
         elif kind != "execute_input":
             result.outputs.append(msg)
     return result, prompts
+
+
+class PatientHeartbeat(HBChannel):  # type: ignore[misc]
+    """A heartbeat that waits 5 s, not 1, before it calls a kernel dead: on a loaded 2-core machine a
+    relayed ping can take longer than a second, and ``wait_for_ready`` then gives up on a live kernel
+    ("Kernel died before replying to kernel_info"). A dead kernel is still seen, 5 s later."""
+
+    time_to_dead = 5.0
+
+
+def raw_client(connection_file: str) -> BlockingKernelClient:
+    """A client for a kernel no manager started (VS Code's raw launch), loaded and with its channels on."""
+    client = BlockingKernelClient(connection_file=connection_file, hb_channel_class=PatientHeartbeat)
+    client.load_connection_file()
+    client.start_channels()
+    return client
+
+
+def reply_to(kc: BlockingKernelClient, msg_id: str, timeout: float) -> dict[str, Any]:
+    """The shell reply to ``msg_id``; replies to earlier requests (``wait_for_ready`` asks for
+    kernel_info every second, and a loaded machine answers late) are skipped, never taken for it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        reply = kc.get_shell_msg(timeout=max(0.1, deadline - time.monotonic()))
+        if reply["parent_header"].get("msg_id") == msg_id:
+            return dict(reply)

@@ -16,7 +16,7 @@ from jupyter_client import AsyncKernelManager, KernelManager
 from jupyter_client.blocking.client import BlockingKernelClient
 from jupyter_client.connect import write_connection_file
 from jupyter_client.kernelspec import KernelSpecManager
-from kernel_helpers import execute
+from kernel_helpers import execute, raw_client, reply_to
 from nbclient import NotebookClient
 
 
@@ -59,8 +59,7 @@ def test_interrupt_reaches_user_code(km: KernelManager, kc: BlockingKernelClient
     # SIGINT handler, so an interrupt right after `busy` can be lost: that is ipykernel's window.)
     wait_until(lambda: kc.get_iopub_msg(timeout=5)["content"].get("text") == "running\n", 10, "the cell to run")
     km.interrupt_kernel()
-    reply = kc.get_shell_msg(timeout=20)
-    assert reply["parent_header"]["msg_id"] == msg_id
+    reply = reply_to(kc, msg_id, 20)  # a late kernel_info_reply (wait_for_ready's) may come first
     assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "KeyboardInterrupt"
     after = execute(kc, "print('still here')")
     if after.reply["content"]["status"] == "aborted":
@@ -122,9 +121,7 @@ def test_raw_launch_of_kernel_json_like_vscode(workspace: Path, tmp_path: Path) 
     proc = subprocess.Popen(argv, cwd=workspace, env=env, stdin=subprocess.DEVNULL)
     kernel_pid = None
     try:
-        client = BlockingKernelClient(connection_file=connection_file)
-        client.load_connection_file()
-        client.start_channels()
+        client = raw_client(connection_file)
         client.wait_for_ready(timeout=60)
         probe = execute(
             client,

@@ -12,10 +12,9 @@ from pathlib import Path
 import psutil
 import pytest
 from conftest import gone, kernel_in_tree, wait_until
-from jupyter_client.blocking.client import BlockingKernelClient
 from jupyter_client.connect import write_connection_file
 from jupyter_client.kernelspec import KernelSpecManager
-from kernel_helpers import execute
+from kernel_helpers import execute, raw_client
 
 from ivralo_kernel.host import Session, WorkerConfig
 from ivralo_kernel.host.escalation import Phase
@@ -285,9 +284,7 @@ def test_in_kernel_deadline_for_a_raw_launch(workspace: Path, tmp_path: Path) ->
     argv = [part.format(connection_file=connection_file) for part in spec.argv]
     env = dict(os.environ, IVRALO_DEADLINE_MS=str(DEADLINE_MS), IVRALO_INTERRUPT_GRACE_MS=str(GRACE_MS))
     with subprocess.Popen(argv, cwd=workspace, env=env, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE) as proc:
-        client = BlockingKernelClient(connection_file=connection_file)
-        client.load_connection_file()
-        client.start_channels()
+        client = raw_client(connection_file)
         try:
             client.wait_for_ready(timeout=60)
             execute(client, "kept = 1")

@@ -24,7 +24,7 @@ from conftest import FALLBACK_KERNEL, gone, wait_until
 from jupyter_client.blocking.client import BlockingKernelClient
 from jupyter_client.connect import write_connection_file
 from jupyter_client.kernelspec import KernelSpec, KernelSpecManager
-from kernel_helpers import execute
+from kernel_helpers import execute, raw_client
 from sandbox_cases import counting_http, sh
 
 # A cell that counts the SIGINTs it receives over 3 s (its own handler replaces the interrupt).
@@ -74,9 +74,7 @@ def raw_launch(
     # kernel.json's env, and what VS Code adds
     env = dict(os.environ, **spec.env, PYDEVD_IPYTHON_COMPATIBLE_DEBUGGING="1")
     proc = subprocess.Popen(argv, cwd=workspace, env=env, stdin=subprocess.DEVNULL)
-    client = BlockingKernelClient(connection_file=connection_file)
-    client.load_connection_file()
-    client.start_channels()
+    client = raw_client(connection_file)
     tree: list[int] = []
     try:
         client.wait_for_ready(timeout=60)
@@ -181,9 +179,7 @@ def test_the_kernel_writes_its_connection_file(workspace: Path, tmp_path: Path, 
             60,
             "the kernel to write its ports",
         )
-        client = BlockingKernelClient(connection_file=str(connection_file))
-        client.load_connection_file()
-        client.start_channels()
+        client = raw_client(str(connection_file))
         try:
             client.wait_for_ready(timeout=60)
             assert execute(client, "print('up')").stdout == "up\n"
