@@ -102,6 +102,18 @@ def isolate_jupyter(root: Path) -> dict[str, str]:
     return {**record, "JUPYTER_PATH": os.environ["JUPYTER_PATH"], "ivralo_spec": spec_dir}
 
 
+def install_spec_with(name: str, **provisioner_config: Any) -> str:
+    """An ivralo kernelspec ``name`` with these provisioner settings (e.g. ``sandbox="off"``), next to
+    the one ``isolate_jupyter`` installed; returns its name, for ``Bench.kernel_names``."""
+    from ivralo_kernel.host.kernelspec import kernel_spec_dict
+
+    spec_dir = Path(os.environ["JUPYTER_PATH"]) / "kernels" / name
+    spec_dir.mkdir(parents=True, exist_ok=True)
+    spec = kernel_spec_dict(python=sys.executable, provisioner_config=provisioner_config)
+    (spec_dir / "kernel.json").write_text(json.dumps(spec), encoding="utf-8")
+    return name
+
+
 def timed_client_class() -> type[BlockingKernelClient]:
     """A BlockingKernelClient that notes when ``wait_for_ready`` accepted its kernel_info_reply."""
     from jupyter_client.blocking.client import BlockingKernelClient
@@ -216,10 +228,11 @@ class Bench:
         self.timeout = timeout
         self.manager_class = KernelManager
         self.client_class = timed_client_class()
+        self.kernel_names = dict(KERNEL_NAMES)  # a bench may run ivralo with other settings
 
     def new_manager(self, kind: str) -> KernelManager:
         return self.manager_class(
-            kernel_name=KERNEL_NAMES[kind],
+            kernel_name=self.kernel_names[kind],
             client_factory=self.client_class,
             connection_file=str(self.runtime_dir / f"kernel-{kind}-{uuid.uuid4()}.json"),
         )
