@@ -369,7 +369,7 @@ def harness(ctx: Context) -> list[Metric]:
             )
         )
     ctx.notes.append(
-        f"deadline: D = {deadline_ms} ms, grace G = {grace_ms} ms; killed cases end after D + G, bound D + G + "
+        f"D = {deadline_ms} ms, grace G = {grace_ms} ms; killed cases end after D + G, bound D + G + "
         f"{BOUND_SLACK_MS} ms; plain ipykernel has no deadline (its interrupt is in the interrupt row)"
     )
     return metrics

@@ -111,8 +111,5 @@ def harness(ctx: Context) -> list[Metric]:
 
 
 if __name__ == "__main__":
-    sys.exit(
-        __import__("harness").main(
-            ["--only", "kernel_cells", *(["--size", "smoke"] if "--smoke" in sys.argv else ["--size", "full"])]
-        )
-    )
+    size = "smoke" if "--smoke" in sys.argv else "full"
+    sys.exit(__import__("harness").main(["--only", "kernel_cells", "--size", size]))
