@@ -239,6 +239,13 @@ def prepare(root: Path, port: int, key: str, rows: int) -> Path:
     return workspace
 
 
+def without_sandbox() -> None:
+    """The direct GET needs a direct route, which the OS sandbox does not give (its egress proxy's
+    cost is sandbox_cost.py's): the worker runs without it, as the bench did before the sandbox came."""
+    settings = Path(os.environ["JUPYTER_CONFIG_DIR"]) / "jupyter_ivralo_config.json"
+    settings.write_text(json.dumps({"IvraloSettings": {"sandbox": "off"}}), encoding="utf-8")
+
+
 def output_json(result: object, what: str) -> Any:
     """The JSON a timing cell printed on its first line (the broker's record line follows)."""
     if not isinstance(result, str):
@@ -345,10 +352,7 @@ def harness(ctx: Context) -> list[Metric]:
     smoke = ["--cells", "1", "--warmup-cells", "0", "--sql-trials", "1", "--rows", "2000"]
     args = parse_args(smoke if ctx.smoke else ["--sql-trials", "3"])
     key = f"bench-{secrets.token_hex(16)}"
-    # The direct GET needs a direct route, which the OS sandbox does not give (its egress proxy's cost
-    # is sandbox_cost.py's): this worker runs without it, as the bench did before the sandbox came.
-    settings = Path(os.environ["JUPYTER_CONFIG_DIR"]) / "jupyter_ivralo_config.json"
-    settings.write_text(json.dumps({"IvraloSettings": {"sandbox": "off"}}), encoding="utf-8")
+    without_sandbox()
     ctx.notes.append("the worker runs without the OS sandbox (the direct GET needs a direct route)")
     with endpoint(key) as (port, _pid):
         workspace = prepare(ctx.root, port, key, args.rows)
@@ -407,6 +411,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def run(args: argparse.Namespace, root: Path, log: Callable[[str], None], captured: Path) -> int:
     started = datetime.now(UTC)
     folders = isolate_jupyter(root)
+    without_sandbox()
     key = f"bench-{secrets.token_hex(16)}"
     load_before = os.getloadavg()
     t_run = time.monotonic()
