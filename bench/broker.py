@@ -350,7 +350,7 @@ def harness(ctx: Context) -> list[Metric]:
     from harness_api import Metric
 
     smoke = ["--cells", "1", "--warmup-cells", "0", "--sql-trials", "1", "--rows", "2000"]
-    args = parse_args(smoke if ctx.smoke else ["--sql-trials", "3"])
+    args = parse_args(smoke if ctx.smoke else ["--sql-trials", "4"])
     key = f"bench-{secrets.token_hex(16)}"
     without_sandbox()
     ctx.notes.append("the worker runs without the OS sandbox (the direct GET needs a direct route)")

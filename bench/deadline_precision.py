@@ -341,7 +341,7 @@ def harness(ctx: Context) -> list[Metric]:
     """Every case's overshoot past the deadline (D = 1000 ms, G = 500 ms), trials interleaved."""
     from harness_api import OVERSHOOT, Metric
 
-    deadline_ms, grace_ms, trials = 1000, 500, ctx.pick(smoke=1, full=6)
+    deadline_ms, grace_ms, trials = 1000, 500, ctx.pick(smoke=1, full=10)
     captured = ctx.root / "workers-stderr.log"  # Bench.trial looks for the backstop's announcement there
 
     async def go(log: Callable[[str], None]) -> dict[str, list[dict[str, Any]]]:

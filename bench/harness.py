@@ -483,7 +483,9 @@ def main(argv: list[str] | None = None) -> int:
     print(summary)
     print(f"results: {out_dir}")
     if args.update_readme:
-        update_readme(summary.replace("](", f"](results/latest-{args.size}/"))
+        # The plots stay in bench/results (git-ignored): named, not linked.
+        plot_line = f"Plots: {', '.join(plots)} in bench/results/latest-{args.size}/ (not committed)."
+        update_readme(re.sub(r"^Plots: .*$", plot_line, summary, flags=re.MULTILINE))
         print(f"updated {README.relative_to(REPO_DIR)}")
     problems = [f"{name}: {r['status']}" for name, r in modules.items() if r["status"] != "ok"]
     expected_plots = {PLOTS[r["metric"].plot] for r in rows if r["metric"].plot in PLOTS}

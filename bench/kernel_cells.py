@@ -71,7 +71,7 @@ def harness(ctx: Context) -> list[Metric]:
     workspace.mkdir()
     bench = Bench(workspace, Path(os.environ["JUPYTER_RUNTIME_DIR"]), ctx.kernel_log, ctx.timeout)
     cells, batches = 100, ctx.pick(smoke=2, full=8)
-    outputs, interrupts = ctx.pick(smoke=3, full=20), ctx.pick(smoke=2, full=10)
+    outputs, interrupts = ctx.pick(smoke=3, full=20), ctx.pick(smoke=2, full=20)
     samples: dict[str, dict[str, list[float]]] = {k: {"cells": [], "output": [], "interrupt": []} for k in KINDS}
     managers: dict[str, KernelManager] = {}
     clients: dict[str, BlockingKernelClient] = {}

@@ -453,7 +453,7 @@ def harness(ctx: Context) -> list[Metric]:
     workspace = ctx.root / "workspace"
     workspace.mkdir()
     bench = Bench(workspace, Path(os.environ["JUPYTER_RUNTIME_DIR"]), ctx.kernel_log, ctx.timeout)
-    trials, warmup = ctx.pick(smoke=(2, 0), full=(15, 1))
+    trials, warmup = ctx.pick(smoke=(2, 0), full=(20, 1))
     starts = run_starts(bench, trials, warmup, ctx.log)
     rts = run_roundtrips(bench, ctx.pick(smoke=20, full=200), ctx.pick(smoke=2, full=5), ctx.log)
     return [
