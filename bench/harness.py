@@ -482,17 +482,17 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(summary)
     print(f"results: {out_dir}")
-    if args.update_readme:
-        # The plots stay in bench/results (git-ignored): named, not linked.
-        plot_line = f"Plots: {', '.join(plots)} in bench/results/latest-{args.size}/ (not committed)."
-        update_readme(re.sub(r"^Plots: .*$", plot_line, summary, flags=re.MULTILINE))
-        print(f"updated {README.relative_to(REPO_DIR)}")
     problems = [f"{name}: {r['status']}" for name, r in modules.items() if r["status"] != "ok"]
     expected_plots = {PLOTS[r["metric"].plot] for r in rows if r["metric"].plot in PLOTS}
     problems += [f"missing {f}" for f in ["results.json", "summary.md", *expected_plots] if not (out_dir / f).is_file()]
     if problems:
         print("FAILED: " + "; ".join(problems), file=sys.stderr)
         return 1
+    if args.update_readme:  # only a run where every module worked
+        # The plots stay in bench/results (git-ignored): named, not linked.
+        plot_line = f"Plots: {', '.join(plots)} in bench/results/latest-{args.size}/ (not committed)."
+        update_readme(re.sub(r"^Plots: .*$", plot_line, summary, flags=re.MULTILINE))
+        print(f"updated {README.relative_to(REPO_DIR)}")
     return 0
 
 
