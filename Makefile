@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 
-.PHONY: demo test test-fast lab console lint bench install clean
+.PHONY: demo test test-fast lab console lint bench bench-smoke install clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -59,8 +59,16 @@ lab: $(VENV)/.installed-lab
 console: $(VENV)/.installed-lab
 	$(VENV)/bin/jupyter console --kernel ivralo
 
+# Every benchmark through one harness (bench/harness.py), ivralo against plain ipykernel, < 15 min:
+# results.json, summary.md and PNG plots in bench/results/<UTC>-full/; the summary goes to the top
+# of bench/README.md with the machine it ran on.
 bench: $(VENV)/.installed-test
-	$(PY) bench/startup_latency.py
+	$(PY) bench/harness.py --size full --update-readme
+
+# The same harness at tiny sizes, < 2 min: asserts nothing about speed, only that every benchmark
+# ran and wrote its files (CI runs it after the tests).
+bench-smoke: $(VENV)/.installed-test
+	$(PY) bench/harness.py --size smoke
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache bench/results

@@ -47,7 +47,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from deadline_precision import captured_lines, run_captured_bench
 from startup_latency import (
@@ -59,6 +59,9 @@ from startup_latency import (
     summary,
     write_results,
 )
+
+if TYPE_CHECKING:
+    from harness_api import Context, Metric
 
 TARGET_OVERHEAD_P50_MS = 5.0
 CALLS_PER_CELL = 50  # the broker allows 100 brokered calls per execution
@@ -236,6 +239,13 @@ def prepare(root: Path, port: int, key: str, rows: int) -> Path:
     return workspace
 
 
+def without_sandbox() -> None:
+    """The direct GET needs a direct route, which the OS sandbox does not give (its egress proxy's
+    cost is sandbox_cost.py's): the worker runs without it, as the bench did before the sandbox came."""
+    settings = Path(os.environ["JUPYTER_CONFIG_DIR"]) / "jupyter_ivralo_config.json"
+    settings.write_text(json.dumps({"IvraloSettings": {"sandbox": "off"}}), encoding="utf-8")
+
+
 def output_json(result: object, what: str) -> Any:
     """The JSON a timing cell printed on its first line (the broker's record line follows)."""
     if not isinstance(result, str):
@@ -334,6 +344,53 @@ def build_report(api: list[dict[str, float]], sql: list[dict[str, Any]], rows: i
     return {"api": a, "sql": b, "target_overhead_p50": target}, lines
 
 
+def harness(ctx: Context) -> list[Metric]:
+    """The brokered call against the direct GET (paired as the cell pairs them), and ivralo.sql against
+    the same query read in the kernel (paired by trial)."""
+    from harness_api import Metric
+
+    smoke = ["--cells", "1", "--warmup-cells", "0", "--sql-trials", "1", "--rows", "2000"]
+    args = parse_args(smoke if ctx.smoke else ["--sql-trials", "4"])
+    key = f"bench-{secrets.token_hex(16)}"
+    without_sandbox()
+    ctx.notes.append("the worker runs without the OS sandbox (the direct GET needs a direct route)")
+    with endpoint(key) as (port, _pid):
+        workspace = prepare(ctx.root, port, key, args.rows)
+        api, sql, _record = asyncio.run(measure(workspace, port, args, ctx.log))
+
+    def seconds(kind: str) -> list[float]:
+        return [float(r["s"]) * 1000 for r in sql if r["kind"] == kind]
+
+    rows = f"{args.rows:,} rows x 5 columns"
+    direct = "direct GET from the kernel"
+    return [
+        Metric(
+            "broker",
+            "ivralo.call of a loopback API",
+            "ms",
+            [s["brokered"] for s in api],
+            [s["direct"] for s in api],
+            baseline_label=direct,
+        ),
+        Metric(
+            "broker",
+            f"ivralo.sql, {rows} -> dicts",
+            "ms",
+            seconds("broker_dicts"),
+            seconds("local_sqlite3_dicts"),
+            baseline_label="sqlite3 in the kernel",
+        ),
+        Metric(
+            "broker",
+            f"ivralo.sql(dataframe=True), {rows}",
+            "ms",
+            seconds("broker_dataframe"),
+            seconds("local_pandas"),
+            baseline_label="pandas.read_sql_query in the kernel",
+        ),
+    ]
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--cells", type=int, default=10, help=f"timed API cells of {CALLS_PER_CELL} pairs (default 10)")
@@ -354,6 +411,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def run(args: argparse.Namespace, root: Path, log: Callable[[str], None], captured: Path) -> int:
     started = datetime.now(UTC)
     folders = isolate_jupyter(root)
+    without_sandbox()
     key = f"bench-{secrets.token_hex(16)}"
     load_before = os.getloadavg()
     t_run = time.monotonic()

@@ -21,10 +21,13 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
+
+if TYPE_CHECKING:
+    from harness_api import Context, Metric
 
 PICKLE_TARGET = r"""
 import pickle
@@ -182,6 +185,74 @@ def plain_json(kernel: PlainKernel, frame: pd.DataFrame, trials: int) -> dict[st
     into = [timed(put)[0] for _ in range(trials)]
     back = [timed(get)[0] for _ in range(trials)]
     return {"in": rate(mb(frame), into), "out": rate(mb(frame), back)}
+
+
+def _times(frame: pd.DataFrame, trials: int, workspace: str) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """Per-trial seconds, in and out: ivralo's Arrow path, then plain ipykernel's pickle-5 over a comm."""
+
+    async def ours() -> dict[str, list[float]]:
+        from ivralo_kernel.host import Session
+
+        into: list[float] = []
+        back: list[float] = []
+        async with Session(workspace=workspace) as session:
+            await session.run("import pandas, pyarrow")
+            await session.inject_dataframe("df", frame)  # the first allocates the segment's pages
+            for _ in range(trials):
+                into.append(await _timed_async(session.inject_dataframe("df", frame)))
+                back.append(await _timed_async(session.get_dataframe("df")))
+        return {"in": into, "out": back}
+
+    ivralo_times = asyncio.run(ours())
+    kernel = PlainKernel()
+    try:
+        kernel.put("df", frame)
+        kernel.get("df")
+        plain = {
+            "in": [timed(lambda: kernel.put("df", frame))[0] for _ in range(trials)],
+            "out": [timed(lambda: kernel.get("df"))[0] for _ in range(trials)],
+        }
+    finally:
+        kernel.close()
+    return ivralo_times, plain
+
+
+async def _timed_async(call: Any) -> float:
+    start = time.perf_counter()
+    await call
+    return time.perf_counter() - start
+
+
+def harness(ctx: Context) -> list[Metric]:
+    """Arrow over shared memory against plain ipykernel's pickle-5 over a comm, per transfer (ms)."""
+    from harness_api import Metric
+
+    megabytes, trials = ctx.pick(smoke=(5, 2), full=(100, 5))
+    frame = frame_of(megabytes)
+    workspace = ctx.root / "ws-dataframe"
+    workspace.mkdir()
+    ours, plain = _times(frame, trials, str(workspace))
+    label = "pickle-5 over a comm (plain ipykernel)"
+    return [
+        Metric(
+            "DataFrame transport",
+            f"{megabytes} MB in (inject_dataframe)",
+            "ms",
+            [1000 * t for t in ours["in"]],
+            [1000 * t for t in plain["in"]],
+            baseline_label=label,
+            plot="latency",
+        ),
+        Metric(
+            "DataFrame transport",
+            f"{megabytes} MB out (get_dataframe)",
+            "ms",
+            [1000 * t for t in ours["out"]],
+            [1000 * t for t in plain["out"]],
+            baseline_label=label,
+            plot="latency",
+        ),
+    ]
 
 
 def isolate(base: Path) -> None:

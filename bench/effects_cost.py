@@ -17,8 +17,12 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ivralo_kernel.host import Session, WorkerConfig
+
+if TYPE_CHECKING:
+    from harness_api import Context, Metric
 
 
 def fill(folder: Path, files: int, per_folder: int = 100) -> None:
@@ -43,6 +47,63 @@ async def measure(workspace: Path, cells: int) -> tuple[list[float], list[float]
             assert effects is not None and "files_note" not in effects, effects
             collect.append(float(effects["collect_ms"]))
     return collect, trips
+
+
+async def alternate(workspaces: dict[str, Path], cells: int) -> dict[str, dict[str, list[float]]]:
+    """Both sessions open; each cell runs in one, then in the other (the order alternating)."""
+    from contextlib import AsyncExitStack
+
+    samples: dict[str, dict[str, list[float]]] = {name: {"collect": [], "trip": []} for name in workspaces}
+    async with AsyncExitStack() as stack:
+        sessions = {
+            name: await stack.enter_async_context(Session(workspace=folder, config=WorkerConfig(deadline_ms=None)))
+            for name, folder in workspaces.items()
+        }
+        for session in sessions.values():  # until the watches are added (a thread after start)
+            until = time.monotonic() + 60
+            while "files_note" in (getattr(await session.run("pass"), "effects", None) or {"files_note": ""}):
+                assert time.monotonic() < until, "the workspace's watches were never all added"
+        names = list(workspaces)
+        for i in range(cells):
+            for name in names if i % 2 == 0 else names[::-1]:
+                start = time.perf_counter()
+                result = await sessions[name].run("pass")
+                samples[name]["trip"].append((time.perf_counter() - start) * 1000)
+                effects = getattr(result, "effects", None)
+                assert effects is not None and "files_note" not in effects, effects
+                samples[name]["collect"].append(float(effects["collect_ms"]))
+    return samples
+
+
+def harness(ctx: Context) -> list[Metric]:
+    """A workspace of 10,000 files against an empty one, cell by cell (smoke: 200 files)."""
+    from harness_api import Metric
+
+    files, cells = ctx.pick(smoke=(200, 10), full=(10_000, 100))
+    empty, full = ctx.root / "ws-empty", ctx.root / "ws-full"
+    empty.mkdir()
+    full.mkdir()
+    fill(full, files)
+    samples = asyncio.run(alternate({"empty": empty, "full": full}, cells))
+    base = "the same in an empty workspace"
+    return [
+        Metric(
+            "effects report",
+            f"collect_ms per cell, {files:,} files",
+            "ms",
+            samples["full"]["collect"],
+            samples["empty"]["collect"],
+            baseline_label=base,
+        ),
+        Metric(
+            "effects report",
+            f"Session.run('pass'), {files:,} files",
+            "ms",
+            samples["full"]["trip"],
+            samples["empty"]["trip"],
+            baseline_label=base,
+        ),
+    ]
 
 
 async def main() -> None:

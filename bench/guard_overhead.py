@@ -48,7 +48,10 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from harness_api import Context, Metric
 
 from startup_latency import record_header, write_results
 
@@ -289,6 +292,37 @@ def environment_info(import_stmt: str) -> dict[str, Any]:
         "git_commit": git("rev-parse", "HEAD").strip(),
         "git_modified_files": [line[3:] for line in git("status", "--porcelain", "--untracked-files=no").splitlines()],
     }
+
+
+# --------------------------------------------------------------------------- bench/harness.py
+
+
+def harness(ctx: Context) -> list[Metric]:
+    """Each workload in each guarded mode against no guards, paired by repetition."""
+    from harness_api import Metric
+
+    argv = ["--reps", "1", "--warmup", "0", "--reads", "5000", "--writes", "100"] if ctx.smoke else []
+    args = parse_args(argv)
+    import_stmt = PANDAS_IMPORT if importlib.util.find_spec("pandas") is not None else FALLBACK_IMPORT
+    data = run_all(args, Path(os.path.realpath(ctx.root)), import_stmt, ctx.log)
+    samples, sizes = data["samples"], data["sizes"]
+    labels = {
+        READS: f"{sizes[READS]:,} x open+close",
+        WRITES: f"{sizes[WRITES]:,} new files",
+        IMPORT: f"`{import_stmt}`",
+    }
+    return [
+        Metric(
+            "file guards",
+            f"{labels[w]}, {m}",
+            "ms",
+            [v * 1000 for v in samples[w][m]],
+            [v * 1000 for v in samples[w][NONE]],
+            baseline_label="no guards, same Python",
+        )
+        for w in WORKLOADS
+        for m in GUARDED
+    ]
 
 
 # --------------------------------------------------------------------------- main

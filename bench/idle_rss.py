@@ -56,6 +56,7 @@ from startup_latency import (
 
 if TYPE_CHECKING:  # jupyter_client is imported only after Jupyter's folders are isolated
     import psutil
+    from harness_api import Context, Metric
     from jupyter_client.blocking.client import BlockingKernelClient
     from jupyter_client.manager import KernelManager
 
@@ -116,13 +117,21 @@ class Kernel:
         if kind == PLAIN:
             self.kernel, self.supervisor = self.root, None
         else:
-            children = self.root.children()
-            if len(children) != 1:
-                raise RuntimeError(f"ivralo supervisor {root_pid} has {len(children)} children, expected the kernel")
-            self.kernel, self.supervisor = children[0], self.root
+            # supervisor -> kernel; in the OS sandbox, bwrap -> supervisor -> kernel (in a PID namespace).
+            by_module = {
+                module: proc
+                for proc in [self.root, *self.root.children(recursive=True)]
+                for module in ("ivralo_kernel.supervisor", "ivralo_kernel.kernel")
+                if module in proc.cmdline()
+            }
+            if len(by_module) != 2:
+                raise RuntimeError(f"ivralo tree {root_pid} has no supervisor and kernel: {sorted(by_module)}")
+            self.kernel, self.supervisor = by_module["ivralo_kernel.kernel"], by_module["ivralo_kernel.supervisor"]
+            self.info["sandboxed"] = self.supervisor is not self.root
             section = await_reply(kc, kc.kernel_info(), timeout)["content"].get("ivralo") or {}
             self.info["kernel_info_pid"] = section.get("pid")
-            if section.get("pid") != self.kernel.pid:
+            # In the sandbox the kernel reports its pid in the sandbox's namespace.
+            if not self.info["sandboxed"] and section.get("pid") != self.kernel.pid:
                 raise RuntimeError(f"supervisor's child {self.kernel.pid} is not the kernel ({section.get('pid')})")
         self.info["kernel_pid"] = self.kernel.pid
 
@@ -227,6 +236,61 @@ def build_report(kernels: list[Kernel]) -> tuple[dict[str, Any], list[str]]:
         lines.append("tree RSS counts pages shared by supervisor and kernel twice; tree PSS splits them")
     report = {"median_mib": medians, "ratios": ratios, "per_kernel_bytes": per_kernel, "fields": fields}
     return report, lines
+
+
+# --------------------------------------------------------------------------- bench/harness.py
+
+
+def harness(ctx: Context) -> list[Metric]:
+    """K idle kernels of each kind, all alive together; kernel i of ivralo is paired with kernel i of
+    plain (started one after the other)."""
+    from harness_api import MEMORY, Metric
+
+    per_kind, settle, samples = ctx.pick(smoke=(1, 0.5, 1), full=(5, 3.0, 5))
+    workspace = ctx.root / "workspace"
+    workspace.mkdir()
+    bench = Bench(workspace, Path(os.environ["JUPYTER_RUNTIME_DIR"]), ctx.kernel_log, ctx.timeout)
+    kernels: list[Kernel] = []
+    try:
+        start_all(bench, per_kind, ctx.timeout, kernels, ctx.log)
+        time.sleep(settle)  # not a synchronisation: lets the idle kernels' memory settle before sampling
+        sample_all(kernels, samples, 0.5, ctx.log)
+    finally:
+        for kernel in kernels:
+            shutdown(kernel.km, kernel.kc)
+    medians = {kind: [k.medians() for k in kernels if k.kind == kind] for kind in KINDS}
+    field = "pss" if all("pss" in m["tree"] for ms in medians.values() for m in ms) else "rss"
+
+    def series(kind: str, role: str, f: str) -> list[float]:
+        return [m[role][f] / MIB for m in medians[kind]]
+
+    return [
+        Metric(
+            "memory",
+            f"idle process tree, {field.upper()}",
+            "MiB",
+            series(IVRALO, "tree", field),
+            series(PLAIN, "tree", field),
+            plot=MEMORY,
+            note="ivralo's tree: the sandbox's bwrap, the supervisor, the kernel",
+        ),
+        Metric(
+            "memory",
+            f"idle kernel process, {field.upper()}",
+            "MiB",
+            series(IVRALO, "kernel", field),
+            series(PLAIN, "kernel", field),
+            plot=MEMORY,
+        ),
+        Metric(
+            "memory",
+            "idle process tree, USS",
+            "MiB",
+            series(IVRALO, "tree", "uss"),
+            series(PLAIN, "tree", "uss"),
+            plot=MEMORY,
+        ),
+    ]
 
 
 # --------------------------------------------------------------------------- main

@@ -26,12 +26,15 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
 from jupyter_client.manager import AsyncKernelManager
 
 from ivralo_kernel.host.manager import IvraloKernelManager
+
+if TYPE_CHECKING:
+    from harness_api import Context, Metric
 
 KINDS = ("plain", "ivralo", "ivralo-sandbox")
 
@@ -132,6 +135,90 @@ async def one_kernel(kind: str, port: int, round_trips: int, gets: int) -> dict[
         "loop_get_s": loop_get,
         "uss": uss,
     }
+
+
+# --------------------------------------------------------------------------- bench/harness.py
+
+LOOP_CELL = """\
+import json, time, urllib.request as u
+_t = []
+for _ in range({gets}):
+    _s = time.perf_counter()
+    u.urlopen('http://127.0.0.1:{port}/', timeout=10).read()
+    _t.append((time.perf_counter() - _s) * 1000)
+print(json.dumps(_t))
+"""
+
+
+async def start(kind: str, port: int, root: Path) -> tuple[AsyncKernelManager, Any]:
+    workspace = root / f"ws-{kind}"
+    (workspace / ".ivralo").mkdir(parents=True)
+    (workspace / ".ivralo" / "permissions.json").write_text(json.dumps({"hosts": {"allow": [f"127.0.0.1:{port}"]}}))
+    km = manager(kind)
+    await km.start_kernel(cwd=str(workspace))
+    kc = km.client()
+    kc.start_channels()
+    await kc.wait_for_ready(timeout=60)
+    return km, kc
+
+
+async def loop_gets(kc: Any, port: int, gets: int) -> list[float]:
+    """``gets`` GETs timed inside one cell by the kernel's clock (ms each)."""
+    out: list[str] = []
+
+    def keep(msg: dict[str, Any]) -> None:
+        if msg["msg_type"] == "stream" and msg["content"]["name"] == "stdout":
+            out.append(msg["content"]["text"])
+
+    reply = await kc.execute_interactive(LOOP_CELL.format(gets=gets, port=port), timeout=120, output_hook=keep)
+    assert reply["content"]["status"] == "ok", reply["content"]
+    line = next(line for line in "".join(out).splitlines() if line.startswith("["))
+    return [float(v) for v in json.loads(line)]
+
+
+async def measure_proxy(ctx: Context, port: int) -> list[Metric]:
+    from harness_api import Metric
+
+    kinds = ("plain", "ivralo-sandbox")
+    gets, loops = ctx.pick(smoke=(3, 10), full=(40, 100))
+    kernels: dict[str, tuple[AsyncKernelManager, Any]] = {}
+    per_cell: dict[str, list[float]] = {k: [] for k in kinds}
+    in_cell: dict[str, list[float]] = {k: [] for k in kinds}
+    fetch = f"import urllib.request as u\nu.urlopen('http://127.0.0.1:{port}/', timeout=10).read()"
+    try:
+        for kind in kinds:
+            kernels[kind] = await start(kind, port, ctx.root)
+            await run_until_idle(kernels[kind][1], fetch)  # the first one imports
+        for i in range(gets):
+            for kind in kinds if i % 2 == 0 else kinds[::-1]:
+                per_cell[kind].append(await run_until_idle(kernels[kind][1], fetch) * 1000)
+        for i in range(2):  # two cells each, alternating; the samples of the same index are a pair
+            for kind in kinds if i % 2 == 0 else kinds[::-1]:
+                in_cell[kind] += await loop_gets(kernels[kind][1], port, loops // 2)
+        ctx.log(f"  {gets} GET cells and {loops} in-cell GETs per kind done")
+    finally:
+        for km, kc in kernels.values():
+            kc.stop_channels()
+            await km.shutdown_kernel(now=True)
+    plain, boxed = "plain", "ivralo-sandbox"
+    return [
+        Metric("egress proxy", "allowed HTTP GET, one per cell (until idle)", "ms", per_cell[boxed], per_cell[plain]),
+        Metric(
+            "egress proxy", "allowed HTTP GET inside a loop (the request alone)", "ms", in_cell[boxed], in_cell[plain]
+        ),
+    ]
+
+
+def harness(ctx: Context) -> list[Metric]:
+    """ivralo in its OS sandbox (GETs through the host's egress proxy) against plain ipykernel (direct)."""
+    server = subprocess.Popen([sys.executable, "-c", ANSWER_SERVER, "0"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout is not None
+        port = int(server.stdout.readline())  # the handshake: it listens once it has printed its port
+        return asyncio.run(measure_proxy(ctx, port))
+    finally:
+        server.kill()
+        server.wait()
 
 
 async def main() -> None:

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # jupyter_client is imported only after Jupyter's folders are isolated
+    from harness_api import Context, Metric
     from jupyter_client.blocking.client import BlockingKernelClient
     from jupyter_client.manager import KernelManager
 
@@ -99,6 +100,18 @@ def isolate_jupyter(root: Path) -> dict[str, str]:
     spec_dir = install(prefix=str(prefix))
     record = {k: str(v) for k, v in folders.items()}
     return {**record, "JUPYTER_PATH": os.environ["JUPYTER_PATH"], "ivralo_spec": spec_dir}
+
+
+def install_spec_with(name: str, **provisioner_config: Any) -> str:
+    """An ivralo kernelspec ``name`` with these provisioner settings (e.g. ``sandbox="off"``), next to
+    the one ``isolate_jupyter`` installed; returns its name, for ``Bench.kernel_names``."""
+    from ivralo_kernel.host.kernelspec import kernel_spec_dict
+
+    spec_dir = Path(os.environ["JUPYTER_PATH"]) / "kernels" / name
+    spec_dir.mkdir(parents=True, exist_ok=True)
+    spec = kernel_spec_dict(python=sys.executable, provisioner_config=provisioner_config)
+    (spec_dir / "kernel.json").write_text(json.dumps(spec), encoding="utf-8")
+    return name
 
 
 def timed_client_class() -> type[BlockingKernelClient]:
@@ -215,10 +228,11 @@ class Bench:
         self.timeout = timeout
         self.manager_class = KernelManager
         self.client_class = timed_client_class()
+        self.kernel_names = dict(KERNEL_NAMES)  # a bench may run ivralo with other settings
 
     def new_manager(self, kind: str) -> KernelManager:
         return self.manager_class(
-            kernel_name=KERNEL_NAMES[kind],
+            kernel_name=self.kernel_names[kind],
             client_factory=self.client_class,
             connection_file=str(self.runtime_dir / f"kernel-{kind}-{uuid.uuid4()}.json"),
         )
@@ -269,8 +283,8 @@ class Bench:
             record["shutdown_ms"] = shutdown(km, kc)
         return record
 
-    def roundtrip(self, kc: BlockingKernelClient) -> dict[str, float]:
-        """One ``1+1`` execute: time to execute_reply, to idle, and to both (ms)."""
+    def roundtrip(self, kc: BlockingKernelClient, code: str = ROUNDTRIP_CODE) -> dict[str, float]:
+        """One execute (``1+1``): time to execute_reply, to idle, and to both (ms)."""
         import zmq
 
         shell, iopub = kc.shell_channel, kc.iopub_channel
@@ -279,21 +293,21 @@ class Bench:
         poller.register(shell.socket, zmq.POLLIN)
         poller.register(iopub.socket, zmq.POLLIN)
         t0 = time.perf_counter()
-        msg_id = kc.execute(ROUNDTRIP_CODE)
+        msg_id = kc.execute(code)
         t_reply: float | None = None
         t_idle: float | None = None
         deadline = time.monotonic() + self.timeout
         while t_reply is None or t_idle is None:
             remaining_ms = (deadline - time.monotonic()) * 1000
             if remaining_ms <= 0:
-                raise TimeoutError(f"no reply/idle for {ROUNDTRIP_CODE!r} within {self.timeout} s")
+                raise TimeoutError(f"no reply/idle for {code!r} within {self.timeout} s")
             events = dict(poller.poll(remaining_ms))
             now = time.perf_counter()
             if shell.socket in events:
                 for msg in drain(shell):
                     if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "execute_reply":
                         if msg["content"]["status"] != "ok":
-                            raise RuntimeError(f"{ROUNDTRIP_CODE!r} failed: {msg['content']}")
+                            raise RuntimeError(f"{code[:80]!r} failed: {msg['content']}")
                         t_reply = now
             if iopub.socket in events:
                 for msg in drain(iopub):
@@ -427,6 +441,39 @@ def build_report(
         "targets": targets,
     }
     return report, lines
+
+
+# --------------------------------------------------------------------------- bench/harness.py
+
+
+def harness(ctx: Context) -> list[Metric]:
+    """Start to ready on fresh kernels, and the ``1+1`` round trip, in interleaved pairs."""
+    from harness_api import LATENCY, Metric
+
+    workspace = ctx.root / "workspace"
+    workspace.mkdir()
+    bench = Bench(workspace, Path(os.environ["JUPYTER_RUNTIME_DIR"]), ctx.kernel_log, ctx.timeout)
+    trials, warmup = ctx.pick(smoke=(2, 0), full=(20, 1))
+    starts = run_starts(bench, trials, warmup, ctx.log)
+    rts = run_roundtrips(bench, ctx.pick(smoke=20, full=200), ctx.pick(smoke=2, full=5), ctx.log)
+    return [
+        Metric(
+            "start",
+            "start to ready",
+            "ms",
+            column(starts[IVRALO], "ready_ms"),
+            column(starts[PLAIN], "ready_ms"),
+            plot=LATENCY,
+        ),
+        Metric(
+            "round trip",
+            "1+1 (reply and idle)",
+            "ms",
+            column(rts[IVRALO], "roundtrip_ms"),
+            column(rts[PLAIN], "roundtrip_ms"),
+            plot=LATENCY,
+        ),
+    ]
 
 
 def environment_info() -> dict[str, Any]:

@@ -19,6 +19,10 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from harness_api import Context, Metric
 
 
 def isolate() -> Path:
@@ -64,6 +68,7 @@ async def measure(workspace: Path, trials: int) -> dict[str, object]:
                 cold.append((time.perf_counter() - start) * 1000)
     result = {
         "trials": trials,
+        "samples": {"warm_ms": warm, "cold_ms": cold},
         "warm_ms": {"median": statistics.median(warm), "p95": pct(warm, 0.95), "max": max(warm)},
         "cold_ms": {"median": statistics.median(cold), "p95": pct(cold, 0.95), "max": max(cold)},
     }
@@ -79,6 +84,27 @@ async def measure(workspace: Path, trials: int) -> dict[str, object]:
     assert isinstance(warm_ms, dict)
     print(f"target warm p50 <= 50 ms: {'MET' if warm_ms['median'] <= 50 else 'MISSED'}")
     return result
+
+
+def harness(ctx: Context) -> list[Metric]:
+    """A session's first run("1+1") on a prewarmed spare against a cold start, paired by trial."""
+    from harness_api import Metric
+
+    workspace = ctx.root / "ws"
+    workspace.mkdir()
+    result = asyncio.run(measure(workspace, ctx.pick(smoke=1, full=8)))
+    samples = result["samples"]
+    assert isinstance(samples, dict)
+    return [
+        Metric(
+            "warm pool",
+            "a session's first run('1+1'), prewarmed spare",
+            "ms",
+            samples["warm_ms"],
+            samples["cold_ms"],
+            baseline_label="the session starts its own worker",
+        ),
+    ]
 
 
 if __name__ == "__main__":
