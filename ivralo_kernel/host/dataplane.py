@@ -25,7 +25,7 @@ import tempfile
 from typing import Any
 
 from ivralo_kernel.protocol import names
-from ivralo_kernel.protocol.tables import ARROW_EXTRA, unrepresentable
+from ivralo_kernel.protocol.tables import ARROW_EXTRA, release, unrepresentable
 
 SHM = "/dev/shm"  # noqa: S108 - the machine's tmpfs for shared memory; each kernel gets its own folder in it
 SEGMENT_PREFIX = "seg-"
@@ -130,15 +130,6 @@ class Exchange:
 def _unlink(path: str) -> None:
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
-
-
-def release(view: memoryview) -> bool:
-    """False while something still points into the segment through ``view``."""
-    try:
-        view.release()
-    except BufferError:
-        return False
-    return True
 
 
 # --- encoding (host -> kernel) --------------------------------------------------------------------

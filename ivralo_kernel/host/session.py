@@ -33,7 +33,6 @@ from ivralo_kernel.host.dataplane import (
     decode_inline,
     decode_segment,
     ipc_size,
-    release,
     require_arrow,
     write_ipc,
 )
@@ -54,6 +53,7 @@ from ivralo_kernel.host.worker import Worker
 from ivralo_kernel.protocol import ConfigError, WorkerBootstrapError, names
 from ivralo_kernel.protocol.messages import Effects
 from ivralo_kernel.protocol.processes import describe_exit
+from ivralo_kernel.protocol.tables import release
 
 if TYPE_CHECKING:
     from ivralo_kernel.host.attach import AttachedSession

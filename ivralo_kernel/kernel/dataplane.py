@@ -26,7 +26,7 @@ from typing import Any
 
 from ivralo_kernel.protocol import names
 from ivralo_kernel.protocol.errors import HermeticImportError
-from ivralo_kernel.protocol.tables import ARROW_EXTRA, unrepresentable
+from ivralo_kernel.protocol.tables import ARROW_EXTRA, release, unrepresentable
 
 REPR_LIMIT = 1000
 _held: dict[str, mmap.mmap] = {}  # the exchange segment: its path when the host made it -> its mapping
@@ -174,7 +174,7 @@ def write(path: str, capacity: int) -> str:
         try:
             size = _write_ipc(value, view)
         finally:
-            _release(view)
+            release(view)
     else:
         header = _npy_header(value)
         size = len(header) + value.nbytes
@@ -260,11 +260,11 @@ def receive(name: str, path: str, capacity: int, length: int, kind: str) -> str:
     view = memoryview(segment)
     try:
         value = _from_ipc(pa, pa.py_buffer(view).slice(0, length), kind)
-        if not _release(view):  # e.g. pandas' Arrow-backed strings: read again, from a copy of their own
+        if not release(view):  # e.g. pandas' Arrow-backed strings: read again, from a copy of their own
             value = None
             value = _from_ipc(pa, pa.py_buffer(segment[:length]), kind)
     finally:
-        _release(view)
+        release(view)
     _user_ns()[name] = value
     return json.dumps({"rows": value.shape[0]})
 
@@ -294,12 +294,3 @@ def _map(path: str, capacity: int) -> mmap.mmap:
         os.unlink(path)
     _held[path] = segment
     return segment
-
-
-def _release(view: memoryview) -> bool:
-    """False while something still points into the segment through ``view``."""
-    try:
-        view.release()
-    except BufferError:
-        return False
-    return True

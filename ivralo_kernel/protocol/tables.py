@@ -5,6 +5,16 @@ from __future__ import annotations
 
 from typing import Any
 
+
+def release(view: memoryview) -> bool:
+    """False while something still points into a shared segment through ``view`` (both sides map one)."""
+    try:
+        view.release()
+    except BufferError:
+        return False
+    return True
+
+
 ARROW_EXTRA = "pip install 'ivralo-kernel[arrow]'"
 
 
