@@ -71,6 +71,10 @@ _POLL_S = 0.02
 # worker itself (the watchdog's own bound is deadline + grace + 250 ms).
 _FALLBACK_SLACK_S = 1.0
 USER_INTERRUPT_CAUSE = "interrupted: stopped at once by the user"
+ABORTED_TEXT = (
+    "aborted: the kernel did not run this code, because a request sent just before it failed and "
+    "ipykernel drops what arrives meanwhile (stop_on_error); run it again"
+)
 RESTART_WINDOW_S = 60.0
 RESTART_WARNING_AT = 3
 log = logging.getLogger(__name__)
@@ -283,6 +287,8 @@ class Session:
             if is_refusal(error):  # the kernel's own check refused it before it ran
                 return error_result(out.text, error, DONE_WITH_ERRORS)
             return error_result(out.text, error)
+        if content.get("status") == "aborted":  # never ran: not an empty success
+            return error_result(out.text, ABORTED_TEXT)
         return out.text
 
     def _with_notes(self, result: RunResult, worker: Worker | None) -> RunResult:
