@@ -34,7 +34,7 @@ from typing import Any
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from startup_latency import (  # noqa: E402 - the sibling bench's helpers
+from startup_latency import (
     DEFAULT_RESULTS_DIR,
     IVRALO,
     KERNEL_LOG,
@@ -116,7 +116,7 @@ def many_at_once(bench: Bench, kind: str, count: int) -> dict[str, float]:
         barrier.wait()
         try:
             clients[i], _ = bench.start(managers[i])
-        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+        except BaseException as exc:
             errors.append(exc)
         ready.wait()
         # The thread lives until the trees are measured: bwrap's --die-with-parent (a parent-death
