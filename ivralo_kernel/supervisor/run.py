@@ -122,8 +122,11 @@ def _private_tmp() -> str:
 def _host_pipe() -> int | None:
     """The read end of the host's life pipe, if the host gave one (kept from the kernel's tree)."""
     try:
-        fd = int(os.environ.pop(names.ENV_HOST_PIPE_FD, ""))
-        os.set_inheritable(fd, False)
+        given = int(os.environ.pop(names.ENV_HOST_PIPE_FD, ""))
+        # The host passes the pipe under its own number, which a host with many kernels (their
+        # sockets, relays) puts above 1023, out of select()'s range: moved to our lowest free one.
+        fd = os.dup(given)  # not inheritable
+        os.close(given)
         os.set_blocking(fd, False)
     except (ValueError, OSError):
         return None
