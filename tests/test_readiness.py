@@ -3,6 +3,8 @@ not get there in time is killed and explained, and a slow start is not a restart
 
 from __future__ import annotations
 
+import os
+import resource
 import time
 from pathlib import Path
 
@@ -67,3 +69,23 @@ async def test_a_bootstrap_slower_than_five_seconds_is_not_a_restart_loop(
         assert bootstrap_ms > 6000
         supervisor = psutil.Process(session.supervisor_pid)
         assert [p.pid for p in supervisor.children()] == spawned
+
+
+async def test_a_host_with_more_than_1024_descriptors_starts_kernels(workspace: Path) -> None:
+    """The host passes its pipe to the supervisor under its own number: a host with many kernels
+    open (their sockets, relays) has it above 1023, where select() cannot watch it."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1300:
+        pytest.skip(f"RLIMIT_NOFILE's hard limit is {hard}: cannot open 1024 descriptors")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1300), hard))
+    filler = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    try:
+        probe = os.open(os.devnull, os.O_RDONLY)
+        os.close(probe)
+        assert probe > 1023, "the host's next descriptors are above select()'s range"
+        async with Session(workspace=workspace) as session:
+            assert await session.run("print('up')") == "up\n"
+    finally:
+        for fd in filler:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

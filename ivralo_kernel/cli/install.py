@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import compileall
 import json
 import os
 import re
@@ -14,6 +15,7 @@ from typing import Any
 
 from jupyter_client.kernelspec import KernelSpecManager
 
+import ivralo_kernel
 from ivralo_kernel.host.interpreters import discover, launch_for
 from ivralo_kernel.host.kernelspec import LOGO_SVG, kernel_spec_dict
 from ivralo_kernel.protocol import KernelSpecError, names
@@ -106,7 +108,24 @@ def _install_project(
     return _write(spec, name, user=user, prefix=prefix)
 
 
+def compile_bytecode() -> bool:
+    """Compile ivralo's own modules to bytecode, as pip does when it installs a wheel.
+
+    The supervisor and the kernel run with ``-B`` (and ``PYTHONDONTWRITEBYTECODE``), so that nothing
+    writes ``__pycache__`` into a workspace; they still read bytecode that exists. From an editable
+    install (or any install that skipped it) there is none, and every start compiled each of
+    ivralo's modules it imports again: about 50 ms of CPU per start, in the supervisor and the
+    kernel. Stale files are recompiled, current ones left alone; a read-only install is left as it is.
+    """
+    package = os.path.dirname(os.path.abspath(ivralo_kernel.__file__))
+    try:
+        return bool(compileall.compile_dir(package, quiet=2))
+    except OSError:
+        return False
+
+
 def _write(spec: dict[str, Any], name: str, *, user: bool, prefix: str | None) -> str:
+    compile_bytecode()
     with tempfile.TemporaryDirectory() as staging:
         Path(staging, "kernel.json").write_text(json.dumps(spec, indent=1) + "\n", encoding="utf-8")
         Path(staging, "logo-svg.svg").write_text(LOGO_SVG, encoding="utf-8")

@@ -56,6 +56,7 @@ class BrokerClient:
         self._lock = threading.Lock()
         self._pending: dict[str, tuple[threading.Event, list[BrokerAnswer]]] = {}
         self.records: list[CallRecord] = []  # the host's record of each call it made, this execution
+        self._on_host_ready: list[Callable[[], None]] = []
 
     def take_records(self) -> list[CallRecord]:
         records, self.records = self.records, []
@@ -69,8 +70,20 @@ class BrokerClient:
         """(Control thread) The host hears this kernel's IOPub and reaches its control channel."""
         if comm_id is None or comm_id != self.comm_id:
             return False
-        self.host_ready.set()
+        with self._lock:
+            self.host_ready.set()
+            waiting, self._on_host_ready = self._on_host_ready, []
+        for callback in waiting:
+            callback()
         return True
+
+    def when_host_ready(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` (from the control thread, or now) once the host's hello has come."""
+        with self._lock:
+            if not self.host_ready.is_set():
+                self._on_host_ready.append(callback)
+                return
+        callback()
 
     def _wait_for_host(self) -> None:
         if self.host_ready.wait(HOST_CONNECT_TIMEOUT_S):

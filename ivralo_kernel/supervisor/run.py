@@ -23,19 +23,16 @@ from __future__ import annotations
 import contextlib
 import os
 import select
-import shutil
 import signal
 import sys
-import tempfile
 import time
-from pathlib import Path
 
-from ivralo_kernel.protocol import KernelPolicy, database_env_names, names, pipe, scrub, worker_log
+# Only what is needed before the kernel is forked is imported here: from the fork on, the kernel's
+# start runs beside ours (on another core), so what the loop needs is imported after it, and what
+# only an ending or a failure needs, then.
+from ivralo_kernel.protocol import KernelPolicy, database_env_names, names, scrub
 from ivralo_kernel.protocol.bootstrap import module_argv
-from ivralo_kernel.protocol.processes import describe_exit, exit_code
-from ivralo_kernel.supervisor import linux, tree
-from ivralo_kernel.supervisor.backstop import Backstop
-from ivralo_kernel.supervisor.relay import start_relay
+from ivralo_kernel.supervisor import linux
 
 # Host asks for an immediate end of the whole tree (the provisioner's kill, an agent's Esc).
 SIGNAL_KILL_NOW = signal.SIGUSR1
@@ -100,11 +97,36 @@ def _start_kernel(argv: list[str], env: dict[str, str], stderr_fd: int) -> int:
     os._exit(127)
 
 
+def _private_tmp() -> str:
+    """A new folder only we can use, made as ``tempfile.mkdtemp`` makes it, in the first usable
+    folder of the ones it tries, but without importing tempfile (with shutil and random) before
+    the fork: the supervisor's own start is on the kernel's way to ready."""
+    candidates = [os.environ.get(var) for var in ("TMPDIR", "TEMP", "TMP")]
+    # A private 0700 folder with a random name, in the temp folders tempfile would try.
+    candidates += ["/tmp", "/var/tmp", "/usr/tmp", os.getcwd()]  # noqa: S108
+    error: OSError = FileNotFoundError("no usable temporary folder")
+    for base in filter(None, candidates):
+        for _ in range(100):
+            path = os.path.join(os.path.abspath(base), "ivralo-kernel-" + os.urandom(6).hex())
+            try:
+                os.mkdir(path, 0o700)
+            except FileExistsError:
+                continue
+            except OSError as exc:  # not a folder, not writable: the next one
+                error = exc
+                break
+            return path
+    raise error
+
+
 def _host_pipe() -> int | None:
     """The read end of the host's life pipe, if the host gave one (kept from the kernel's tree)."""
     try:
-        fd = int(os.environ.pop(names.ENV_HOST_PIPE_FD, ""))
-        os.set_inheritable(fd, False)
+        given = int(os.environ.pop(names.ENV_HOST_PIPE_FD, ""))
+        # The host passes the pipe under its own number, which a host with many kernels (their
+        # sockets, relays) puts above 1023, out of select()'s range: moved to our lowest free one.
+        fd = os.dup(given)  # not inheritable
+        os.close(given)
         os.set_blocking(fd, False)
     except (ValueError, OSError):
         return None
@@ -113,6 +135,10 @@ def _host_pipe() -> int | None:
 
 def _write_worker_log(workspace: str, stages: list[str], how: str, stderr_tail: bytes) -> None:
     """Record why a kernel did not come up, where a person (and the host's error) will look."""
+    from pathlib import Path
+
+    from ivralo_kernel.protocol import worker_log
+
     message = f"ivralo kernel failed to start: it {how} before it was ready."
     path = Path(workspace) / names.WORKER_LOG
     try:
@@ -176,12 +202,20 @@ def main(argv: list[str] | None = None) -> int:
     stage_r, stage_w = os.pipe()
     os.set_inheritable(stage_w, True)
     stderr = _StderrRelay()
-    tmp = tempfile.mkdtemp(prefix="ivralo-kernel-")  # the kernel's private temp folder; removed below
+    tmp = _private_tmp()  # the kernel's private temp folder; removed below
     kernel = _start_kernel(args, _kernel_env(workspace, stage_w, tmp), stderr.write_fd)  # step 5
     os.close(stage_w)
     os.close(stderr.write_fd)
     # In the sandbox, the way out (after the fork: the kernel's child must not start with threads).
-    start_relay(os.environ.get(names.ENV_RELAY_PORT), os.environ.get(names.ENV_EGRESS_SOCKET))
+    relay_port, egress_socket = os.environ.get(names.ENV_RELAY_PORT), os.environ.get(names.ENV_EGRESS_SOCKET)
+    if relay_port and egress_socket:
+        from ivralo_kernel.supervisor.relay import start_relay
+
+        start_relay(relay_port, egress_socket)
+    from ivralo_kernel.protocol import pipe
+    from ivralo_kernel.protocol.processes import describe_exit, exit_code
+    from ivralo_kernel.supervisor import tree
+    from ivralo_kernel.supervisor.backstop import Backstop
 
     stages: list[str] = []
     pending = b""
@@ -259,6 +293,8 @@ def main(argv: list[str] | None = None) -> int:
             kernel_status = status
     if stderr.open:
         stderr.drain()
+    import shutil
+
     shutil.rmtree(tmp, ignore_errors=True)
     built = names.STAGE_KERNEL_BUILT in stages
     if not built and term_deadline is None:  # a start that failed, or that the host gave up on
