@@ -279,3 +279,22 @@ def test_install_project_spec(tmp_path: Path, workspace: Path, capsys: pytest.Ca
     finally:
         km.shutdown_kernel(now=True)
     assert main(["install", "--project", str(project), "--python", sys.executable, "--prefix", str(prefix)]) == 2
+
+
+@fast
+def test_a_workspace_venv_is_read_never_run_on_the_host(tmp_path: Path) -> None:
+    """Code in a kernel can write a venv in its workspace: the host learns what it needs from the
+    venv's files, and runs nothing of it (its python, a .pth line) outside the sandbox."""
+    from ivralo_kernel.host.interpreters import probe
+
+    venv, marker = tmp_path / "proj" / ".venv", tmp_path / "ran-on-the-host"
+    python = script(venv / "bin" / "python", f"touch {marker}")  # what a planted interpreter would do
+    (venv / "pyvenv.cfg").write_text("home = /usr/bin\ninclude-system-site-packages = false\nversion = 3.11.7\n")
+    site = venv / "lib" / "python3.11" / "site-packages"
+    (site / "ipykernel-7.4.0.dist-info").mkdir(parents=True)
+    metadata = "Metadata-Version: 2.1\nName: ipykernel\nVersion: 7.4.0\n"
+    (site / "ipykernel-7.4.0.dist-info" / "METADATA").write_text(metadata)
+    (site / "evil.pth").write_text(f"import os; os.system('touch {marker}')\n")
+    version, found, dists = probe(Interpreter(str(python), "venv", "virtual environment (.venv)"))
+    assert (version, found, dists) == ("3.11.7", frozenset({"ipykernel"}), {"ipykernel": "7.4.0"})
+    assert not marker.exists(), "the host ran the workspace's interpreter"

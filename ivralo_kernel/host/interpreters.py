@@ -8,8 +8,10 @@ For a project folder, the first match wins:
 3. a ``.venv`` or ``venv`` folder with ``bin/python``;
 4. ``python3`` on PATH.
 
-The interpreter is then probed (one short process): its Python version, and whether it has
-``ivralo_kernel``, ``ipykernel`` and ``pytest``. One without ivralo (or ipykernel) still runs the kernel,
+The interpreter is then checked: its Python version, and whether it has ``ivralo_kernel``,
+``ipykernel`` and ``pytest``. A venv's are read from its files, never by running it on the host (code
+in the kernel can write a venv in the workspace); ``python3`` on PATH is asked (one short process).
+One without ivralo (or ipykernel) still runs the kernel,
 with ivralo's own packages on a private path after its site-packages (``protocol.bootstrap``), as long
 as it is the same Python minor as ivralo's: compiled packages (pyzmq, psutil) are built for one.
 Otherwise the error names what is missing and the command that installs it.
@@ -28,7 +30,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ivralo_kernel.protocol import WorkerBootstrapError, names
+from ivralo_kernel.protocol import WorkerBootstrapError, names, scrub
 
 POETRY_TIMEOUT_S = 15.0
 PROBE_TIMEOUT_S = 30.0
@@ -209,9 +211,53 @@ def _has_module(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
 
 
+def _norm(name: str) -> str:
+    return name.lower().replace("-", "_").replace(".", "_")
+
+
+def read_venv(python: str) -> tuple[str, frozenset[str], dict[str, str]] | None:
+    """What ``probe`` learns, read from a virtual environment's files (``pyvenv.cfg`` and its
+    packages' metadata) without running anything of it; None when ``python`` is not a venv's.
+
+    Never run on the host: a venv in the workspace is writable by code in the kernel, and its
+    interpreter (or one ``.pth`` line in its site-packages) would run outside the sandbox, with the
+    host's credentials in reach. The kernel runs it later, inside the sandbox."""
+    root = Path(python).absolute().parent.parent
+    try:
+        lines = (root / "pyvenv.cfg").read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return None
+    values = {k.strip().lower(): v.strip() for k, _, v in (line.partition("=") for line in lines) if _}
+    version = values.get("version_info") or values.get("version") or ""
+    if not version[:1].isdigit():
+        raise InterpreterError(
+            f"{python}: its pyvenv.cfg names no Python version, so it cannot be checked without running it. "
+            "Recreate the project's environment."
+        )
+    minor = ".".join(version.split(".")[:2])
+    folders = [root / "lib" / f"python{minor}" / "site-packages", root / "lib64" / f"python{minor}" / "site-packages"]
+    if values.get("include-system-site-packages", "false").lower() == "true" and values.get("home"):
+        base = Path(values["home"]).parent
+        folders += [base / "lib" / f"python{minor}" / "site-packages", base / "lib" / "python3" / "dist-packages"]
+    import importlib.metadata
+
+    dists: dict[str, str] = {}
+    for dist in importlib.metadata.distributions(path=[str(f) for f in folders if f.is_dir()]):
+        name = dist.metadata["Name"] or ""
+        dists.setdefault(_norm(name), dist.version)
+    found = frozenset(m for m in _PROBED if _norm(m) in dists or _norm(m.replace("_", "-")) in dists)
+    kernel = {d: dists[_norm(d)] for d in KERNEL_DISTRIBUTIONS if _norm(d) in dists}
+    return version, found, kernel
+
+
 def probe(interpreter: Interpreter) -> tuple[str, frozenset[str], dict[str, str]]:
     """(its Python version, which of ivralo_kernel, ipykernel and pytest it can import by itself, its
-    versions of ``KERNEL_DISTRIBUTIONS``)."""
+    versions of ``KERNEL_DISTRIBUTIONS``). A venv's are read from its files (``read_venv``); any
+    other interpreter (python3 on PATH) is asked, without the host's credentials in its environment."""
+    known = read_venv(interpreter.python)
+    if known is not None:
+        return known
+    env, _ = scrub({k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")})
     try:
         done = subprocess.run(
             [interpreter.python, "-P", "-c", _PROBE, ",".join(_PROBED), ",".join(KERNEL_DISTRIBUTIONS)],
@@ -219,7 +265,7 @@ def probe(interpreter: Interpreter) -> tuple[str, frozenset[str], dict[str, str]
             text=True,
             timeout=PROBE_TIMEOUT_S,
             check=False,
-            env={k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")},
+            env=env,
         )
         report = json.loads(done.stdout.strip().splitlines()[-1])
         return str(report["version"]), frozenset(report["found"]), dict(report.get("dists") or {})
@@ -237,7 +283,7 @@ def launch_for(interpreter: Interpreter) -> KernelLaunch:
         return KernelLaunch(interpreter, version, found)
     missing = [m for m in ("ipykernel", "ivralo_kernel") if m not in found]
     own = ".".join(map(str, sys.version_info[:2]))
-    if version.rsplit(".", 1)[0] == own:
+    if ".".join(version.split(".")[:2]) == own:
         clashes = _clashes(dists)
         if clashes:
             raise InterpreterError(
