@@ -17,10 +17,10 @@ import textwrap
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from ivralo_kernel.host.manager import IvraloKernelManager
-from ivralo_kernel.host.outputs import CellOutput, effects_line
+from ivralo_kernel.host.outputs import CellOutput, effects_in, effects_line
 from ivralo_kernel.host.processes import still_running, tree_of
 from ivralo_kernel.protocol import IvraloError, names
 from ivralo_kernel.protocol.messages import Effects
@@ -56,14 +56,13 @@ def _print_cell(number: int, source: str, outputs: list[dict[str, Any]], effects
 
 
 def _effects_of(cell: Any) -> Effects | None:
-    effects = (cell.get("metadata") or {}).get(names.KERNEL_INFO_SECTION, {}).get("effects")
-    return cast(Effects, effects) if isinstance(effects, dict) else None
+    return effects_in(cell.get("metadata"))
 
 
 def _keep_effects(cell: Any, cell_index: int, execute_reply: dict[str, Any]) -> None:
     """(nbclient's hook) The reply's ``ivralo.effects``, kept with the cell for its summary line."""
-    effects = ((execute_reply or {}).get("metadata") or {}).get(names.KERNEL_INFO_SECTION, {}).get("effects")
-    if isinstance(effects, dict):
+    effects = effects_in((execute_reply or {}).get("metadata"))
+    if effects is not None:
         cell.setdefault("metadata", {}).setdefault(names.KERNEL_INFO_SECTION, {})["effects"] = effects
 
 

@@ -13,13 +13,12 @@ import asyncio
 import os
 import queue
 import time
-from typing import Any, cast
+from typing import Any
 
 from jupyter_client.asynchronous.client import AsyncKernelClient
 
-from ivralo_kernel.host.outputs import CellOutput, RunError, RunText, error_result, with_effects
+from ivralo_kernel.host.outputs import CellOutput, RunError, RunText, effects_in, error_result, with_effects
 from ivralo_kernel.protocol import IvraloError, names
-from ivralo_kernel.protocol.messages import Effects
 
 NOT_OURS = (
     "this kernel was not started by ivralo, so its guards cannot be applied to it afterwards: code here "
@@ -107,18 +106,15 @@ class AttachedSession:
                     continue
                 if msg["parent_header"].get("msg_id") != msg_id:
                     continue
-                if msg["header"]["msg_type"] == "status":
-                    idle = msg["content"]["execution_state"] == "idle"
-                else:
-                    out.add(msg)
+                idle = out.take(msg)
             reply = await self._reply(msg_id)
         content = reply.get("content") or {}
-        effects = (reply.get("metadata") or {}).get(names.KERNEL_INFO_SECTION, {}).get("effects")
+        effects = effects_in(reply.get("metadata"))
         note, self.note = (f"[ivralo] {self.note}\n" if self.note else ""), None
         if out.error is not None or content.get("status") == "error":
             error = out.error or f"{content.get('ename')}: {content.get('evalue')}"
-            return with_effects(error_result(note + out.text, error), cast(Effects | None, effects))
-        return with_effects(note + out.text, cast(Effects | None, effects))
+            return with_effects(error_result(note + out.text, error), effects)
+        return with_effects(note + out.text, effects)
 
     async def _reply(self, msg_id: str) -> dict[str, Any]:
         while True:  # replies to other requests (a late one) are skipped, never taken for ours

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
+from ivralo_kernel.protocol import names
 from ivralo_kernel.protocol.messages import Effects
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -36,6 +37,13 @@ class CellOutput:
     def add(self, msg: dict[str, Any]) -> None:
         """One IOPub message of the cell."""
         self.add_content(msg["header"]["msg_type"], msg["content"])
+
+    def take(self, msg: dict[str, Any]) -> bool:
+        """One IOPub message of the cell: its output is kept; True once the kernel says it is idle."""
+        if msg["header"]["msg_type"] == "status":
+            return bool(msg["content"].get("execution_state") == "idle")
+        self.add(msg)
+        return False
 
     def add_content(self, kind: str, content: dict[str, Any]) -> None:
         if kind == "stream":
@@ -74,6 +82,12 @@ class RunError(dict[str, str]):
     """A run's error dict (``status``, ``result``, ``error``), with ``effects`` as ``RunText`` has it."""
 
     effects: Effects | None = None
+
+
+def effects_in(metadata: dict[str, Any] | None) -> Effects | None:
+    """The kernel's ``ivralo.effects`` in a reply's (or a saved cell's) metadata, if it reported them."""
+    effects = (metadata or {}).get(names.KERNEL_INFO_SECTION, {}).get("effects")
+    return cast(Effects, effects) if isinstance(effects, dict) else None
 
 
 def with_effects(result: str | dict[str, str], effects: Effects | None) -> RunText | RunError:

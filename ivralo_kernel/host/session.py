@@ -23,7 +23,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ivralo_kernel.host.code_gate import DONE_WITH_ERRORS, gate_refusal, is_refusal
 from ivralo_kernel.host.config import WorkerConfig
@@ -45,7 +45,7 @@ from ivralo_kernel.host.namespace import (
     NamespaceWorkerLostError,
     WorkerGone,
 )
-from ivralo_kernel.host.outputs import CellOutput, error_result, lost_names_message, with_effects
+from ivralo_kernel.host.outputs import CellOutput, effects_in, error_result, lost_names_message, with_effects
 from ivralo_kernel.host.pool import HostMemoryError, WorkerPool, WorkerPoolExhaustedError
 from ivralo_kernel.host.test_runs import RUNNERS, run_report, runner_cell
 from ivralo_kernel.host.watchdog import Watchdog
@@ -257,10 +257,7 @@ class Session:
                 continue
             if msg["parent_header"].get("msg_id") != msg_id:
                 continue
-            if msg["header"]["msg_type"] == "status":
-                idle = msg["content"]["execution_state"] == "idle"
-            else:
-                out.add(msg)
+            idle = out.take(msg)
         reply = await self._shell_reply(worker, msg_id)
         if reply is None and not await worker.is_alive():  # it said idle, and was ended before replying
             return await self._lose_worker(self._death_cause(worker))
@@ -273,8 +270,7 @@ class Session:
             if watchdog.phase_of(msg_id) is Phase.KILLED or not await worker.is_alive():
                 return await self._lose_worker(self._death_cause(worker))
         content = reply["content"] if reply else {}
-        effects = ((reply or {}).get("metadata") or {}).get(names.KERNEL_INFO_SECTION, {}).get("effects")
-        self._effects = cast(Effects, effects) if isinstance(effects, dict) else None  # the kernel's own report
+        self._effects = effects_in((reply or {}).get("metadata"))  # the kernel's own report
         if content.get("status") == "ok":
             self._known_names = _names_from(content.get("user_expressions", {}).get("names"))
         return self._result(worker, msg_id, out, content)
