@@ -28,6 +28,14 @@ $(VENV)/.installed-lab: pyproject.toml | $(PY)
 
 install: $(VENV)/.installed
 
+# Jupyter Enterprise Gateway pins jupyter_client<7: it gets a venv of its own, from which
+# tests/test_enterprise_gateway.py starts it (it launches ivralo's kernel from $(VENV)).
+EG_VENV ?= .venv-eg
+$(EG_VENV)/.installed:
+	$(PYTHON) -m venv $(EG_VENV)
+	$(EG_VENV)/bin/python -m pip install --quiet 'jupyter-enterprise-gateway==3.3.*'
+	touch $@
+
 # The main job: a guarded session runs the tour notebook headless and shows what each guard did.
 # DEMO_API_KEY is set in the host, to show that the kernel never sees it.
 demo: $(VENV)/.installed
@@ -40,7 +48,7 @@ demo: $(VENV)/.installed
 	@echo "Kept by the write guard before the tour overwrote a file (.demo-workspace/.ivralo/history/):"
 	@cat .demo-workspace/.ivralo/history/index.jsonl
 
-test: $(VENV)/.installed-test lint
+test: $(VENV)/.installed-test $(EG_VENV)/.installed lint
 	$(PY) -m pytest
 
 # The fast tier: tests that start no kernel and no process (under 30 s); `make test` runs them too.
@@ -48,7 +56,7 @@ test-fast: $(VENV)/.installed-test
 	$(PY) -m pytest -m fast
 
 lint: $(VENV)/.installed-test
-	$(VENV)/bin/ruff check ivralo_kernel tests bench
+	$(VENV)/bin/ruff check ivralo_kernel tests bench deploy
 	$(VENV)/bin/ruff format --check ivralo_kernel
 	$(VENV)/bin/mypy
 
@@ -71,4 +79,4 @@ bench-smoke: $(VENV)/.installed-test
 	$(PY) bench/harness.py --size smoke
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache bench/results
+	rm -rf $(VENV) $(EG_VENV) .pytest_cache .mypy_cache .ruff_cache bench/results
