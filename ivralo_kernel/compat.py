@@ -128,6 +128,70 @@ def route_control(kernel: Any, msg_type: str, handler: Callable[..., Any]) -> No
     kernel.control_handlers[msg_type] = handler
 
 
+def defer_debugger_import() -> type:
+    """Keep debugpy out of a kernel's start: import it at the first ``debug_request`` instead.
+
+    ipykernel 7.4 imports ``ipykernel.debugger``, and debugpy with it (about 50 ms of CPU, a sixth of
+    a kernel's start), in ``IPythonKernel.__init__``, only to read ``_is_debugpy_available`` and build
+    a ``Debugger`` that does nothing until a client sends ``debug_request``. Its other readers
+    (``kernel_info``'s ``supported_features``, ``do_debug_request``, ``dispatch_debugpy``) import the
+    same name from the same module inside the method. So this puts a stand-in module under
+    ``ipykernel.debugger`` whose ``_is_debugpy_available`` is whether debugpy can be found, and
+    which imports the real module at the first other name asked of it; and it returns the class to
+    give ``IPythonKernel.debugger_class``: it keeps ``Debugger``'s arguments and builds the real one
+    at the first attribute asked of it (``process_request``, on the first ``debug_request``), except
+    ``handle_stopped_event``, which ``IPythonKernel.start`` has the control thread await in a loop
+    from the start.
+
+    If it changes: the debugger is missing from ``kernel_info`` (JupyterLab hides its bug icon) or
+    a ``debug_request`` fails; ``tests/test_compat.py`` and the debugger tests say which.
+    """
+    import importlib
+    import importlib.util
+    import sys
+    import types
+
+    name = "ipykernel.debugger"
+
+    def real_module() -> types.ModuleType:
+        if isinstance(sys.modules.get(name), _DeferredModule):
+            del sys.modules[name]
+        return importlib.import_module(name)
+
+    class _DeferredModule(types.ModuleType):
+        def __getattr__(self, attribute: str) -> Any:  # names not set below: the real module's
+            if attribute.startswith("__"):  # the import system's questions (``__path__``): not a package
+                raise AttributeError(attribute)
+            return getattr(real_module(), attribute)
+
+    class DeferredDebugger:
+        """``ipykernel.debugger.Debugger``, built when first used."""
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            self._arguments = (args, kwargs)
+            self._debugger: Any = None
+            self._built = asyncio.Event()  # bound to the control thread's loop at its first wait
+
+        def __getattr__(self, attribute: str) -> Any:
+            if self._debugger is None:
+                args, kwargs = self._arguments
+                self._debugger = real_module().Debugger(*args, **kwargs)
+                self._built.set()
+            return getattr(self._debugger, attribute)
+
+        async def handle_stopped_event(self) -> None:
+            """``IPythonKernel.start`` has the control thread await this in a loop from the start:
+            it waits for the debugger to exist instead of building it."""
+            await self._built.wait()
+            await self._debugger.handle_stopped_event()
+
+    if name not in sys.modules:
+        stand_in = _DeferredModule(name)
+        stand_in._is_debugpy_available = importlib.util.find_spec("debugpy") is not None  # type: ignore[attr-defined]
+        sys.modules[name] = stand_in
+    return DeferredDebugger
+
+
 # -- kernel side: IPython -------------------------------------------------------------------------
 def show_traceback(shell: Any, etype: type, value: BaseException, stb: list[str]) -> None:
     """Show a structured traceback as the cell's error: ``InteractiveShell._showtraceback(etype,

@@ -99,6 +99,21 @@ def test_post_mortem_debug(kc: BlockingKernelClient) -> None:
     assert "42" in debugged.stdout, debugged
 
 
+def test_the_debugger_is_offered_but_debugpy_loads_at_the_first_debug_request(kc: BlockingKernelClient) -> None:
+    """debugpy costs a sixth of a start's CPU (compat.defer_debugger_import): not loaded until asked."""
+    info = kc.kernel_info(reply=True, timeout=10)["content"]
+    assert "debugger" in info["supported_features"]
+    loaded = execute(kc, "import sys; print(sorted(m for m in ('debugpy', 'pydevd') if m in sys.modules))")
+    assert loaded.stdout.strip() == "[]", loaded
+    msg = kc.session.msg("debug_request", {"type": "request", "seq": 1, "command": "debugInfo", "arguments": {}})
+    kc.control_channel.send(msg)
+    while (reply := kc.get_control_msg(timeout=30))["parent_header"].get("msg_id") != msg["header"]["msg_id"]:
+        pass
+    assert reply["content"]["success"], reply["content"]
+    loaded = execute(kc, "import sys; print('debugpy' in sys.modules)")
+    assert loaded.stdout.strip() == "True", loaded
+
+
 def test_debugger_under_the_host_stops_at_a_breakpoint(kc: BlockingKernelClient) -> None:
     """JupyterLab's debugger: under the provisioner, pydevd's loopback connect is not asked about
     (an answer would have to come back on the control thread, which waits for it: a deadlock)."""
