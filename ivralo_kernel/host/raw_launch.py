@@ -189,6 +189,8 @@ def _run(
     )
     os.close(life_r)
     # Loaded only now: each is tens of milliseconds the kernel's start need not wait for.
+    import psutil
+
     from ivralo_kernel.host.channel_relay import ChannelRelay
     from ivralo_kernel.host.egress import EgressDesk
     from ivralo_kernel.host.egress_proxy import EgressProxy, Verdict
@@ -205,10 +207,17 @@ def _run(
     proxy.start()
     ChannelRelay(client, inner).start()
     stop_by: float | None = None
+    # Found once, then kept: a scan of the process table every half second costs CPU, and a scan
+    # that races a process starting or ending in the tree could miss it and drop an interrupt.
+    supervisor_process: psutil.Process | None = None
     while process.poll() is None:
         ready, _, _ = select.select([wake_r], [], [], PARENT_POLL_S)
         received = set(os.read(wake_r, 512)) if ready else set()
-        supervisor = find_in_tree(process.pid, SUPERVISOR_MODULE)
+        if supervisor_process is None:
+            with contextlib.suppress(psutil.Error, TypeError):
+                supervisor_process = psutil.Process(find_in_tree(process.pid, SUPERVISOR_MODULE))  # type: ignore[arg-type]
+        # is_running() compares the start time too: a pid reused after the supervisor ended is not it.
+        supervisor = supervisor_process.pid if supervisor_process and supervisor_process.is_running() else None
         if signal.SIGINT in received and supervisor is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(supervisor, signal.SIGINT)  # it passes the interrupt on to the kernel's group
