@@ -331,3 +331,14 @@ def test_a_readme_image_is_there_and_not_stale(name: str) -> None:
         f"docs/images/{name} is stale: it shows {entry['shows']}, the code now words it {showcase_shots.shows(name)}. "
         "Run tests/test_jupyterlab.py and commit docs/images/."
     )
+
+
+def test_a_reworded_screenshot_message_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The staleness check reads the wording from the code: change it there and the image is stale."""
+    import showcase_shots
+
+    from ivralo_kernel.protocol import names
+
+    monkeypatch.setattr(names, "INTERRUPTED_TEXT", "stopped at deadline_ms={deadline_ms}; variables kept")
+    assert "stopped at deadline_ms=2000; variables kept" in showcase_shots.shows("deadline-kill.png")
+    assert showcase_shots.read_manifest()["deadline-kill.png"]["shows"] != showcase_shots.shows("deadline-kill.png")
