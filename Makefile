@@ -36,17 +36,22 @@ $(EG_VENV)/.installed:
 	$(EG_VENV)/bin/python -m pip install --quiet 'jupyter-enterprise-gateway==3.3.*'
 	touch $@
 
-# The main job: a guarded session runs the tour notebook headless and shows what each guard did.
-# DEMO_API_KEY is set in the host, to show that the kernel never sees it.
+# The main job: a guarded session runs the tour notebook headless and shows what each guard did,
+# then the broker notebook, against a loopback API (notebooks/demo_api.py) and the demo database.
+# The credentials are set in the host only, to show that the kernel never sees them.
+# tests/test_notebooks.py runs every notebook the same way.
+DEMO_ENV := DEMO_API_KEY=sk-demo-not-for-the-kernel DEMO_SHOP_DB_URL=sqlite:///$(CURDIR)/.demo-data/shop.db \
+	IVRALO_CONFIG_HOME=$(CURDIR)/.demo-data/config
+
 demo: $(VENV)/.installed
 	rm -rf .demo-workspace && mkdir .demo-workspace
 	$(PY) notebooks/demo_data.py .demo-data/shop.db .demo-data/config
-	DEMO_API_KEY=sk-demo-not-for-the-kernel DEMO_SHOP_DB_URL=sqlite:///$(CURDIR)/.demo-data/shop.db \
-		IVRALO_CONFIG_HOME=$(CURDIR)/.demo-data/config \
-		$(VENV)/bin/ivralo-kernel run notebooks/tour.ipynb \
+	$(DEMO_ENV) $(VENV)/bin/ivralo-kernel run notebooks/tour.ipynb \
 		--workspace .demo-workspace --memory-limit 1073741824 --grant databases
 	@echo "Kept by the write guard before the tour overwrote a file (.demo-workspace/.ivralo/history/):"
 	@cat .demo-workspace/.ivralo/history/index.jsonl
+	$(DEMO_ENV) $(PY) notebooks/demo_api.py .demo-data/config -- $(VENV)/bin/ivralo-kernel run notebooks/broker.ipynb \
+		--workspace .demo-workspace --memory-limit 1073741824 --grant databases --grant shop
 
 test: $(VENV)/.installed-test $(EG_VENV)/.installed lint
 	$(PY) -m pytest

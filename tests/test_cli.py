@@ -61,8 +61,33 @@ def test_run_prints_each_cell(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     path = tmp_path / "t.ipynb"
     nbformat.write(nb, path)
     assert main(["run", str(path)]) == 0, "a clean notebook exits 0"
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
     assert "print(n * 8 + 2)" in out and "  | 42" in out and "2 code cells, 0 with an error" in out
+    # Progress goes to stderr, and stderr is not a terminal here: one plain line per cell, no \r.
+    lines = [line for line in err.splitlines() if line.startswith("cell ")]
+    assert [line.split(" (")[0] for line in lines] == ["cell 1/2 ok", "cell 2/2 ok"], err
+    assert all(line.endswith(" s)") for line in lines) and "\r" not in err, err
+
+
+def test_run_shows_a_progress_bar_on_a_terminal(tmp_path: Path) -> None:
+    """On a real terminal (a pty): one line rewritten in place per cell, then cleared before the report."""
+    path = notebook(tmp_path, "import time", "time.sleep(0.3)", "print('done', 6 * 7)")
+    child = pexpect.spawn(
+        str(BIN / "ivralo-kernel"), ["run", str(path)], cwd=str(tmp_path), encoding="utf-8", timeout=60,
+        dimensions=(24, 100),
+    )  # fmt: skip
+    try:
+        child.expect(pexpect.EOF)
+    finally:
+        child.close()
+    shown = child.before
+    assert child.exitstatus == 0, shown
+    for number, first in enumerate(["import time", "time.sleep(0.3)", "print('done', 6 * 7)"], start=1):
+        done = round(20 * (number - 1) / 3)
+        assert f"\r\x1b[K[{number}/3] {'#' * done}{'-' * (20 - done)} cell {number}: {first}" in shown, shown
+    report = shown.index("In [1]:")
+    assert shown[:report].endswith("\r\x1b[K\x1b[1m"), repr(shown[:report][-40:])  # cleared, then the report
+    assert "  | done 42" in shown and "cell 1/3 ok" not in shown, shown
 
 
 def notebook(tmp_path: Path, *sources: str) -> Path:
@@ -100,6 +125,7 @@ def test_deadline_ms_ends_a_looping_cell_and_the_run_goes_on(
     assert "  | interrupted: exceeded deadline_ms=1500; namespace preserved" in out, out
     assert "  | 42" in out and "3 code cells, 1 with an error" in out, out
     assert "stopped at" not in err and "1 of 3 code cells failed" in err, err
+    assert "cell 2/3 error (" in err and "cell 3/3 ok (" in err, err
     assert elapsed < 30, f"liveness: the run took {elapsed:.1f} s"  # generous: kernel start + 1.5 s + grace
 
 

@@ -302,3 +302,43 @@ def test_every_in_cell_api_name_exists() -> None:
     named = set(re.findall(r"\bivralo\.([a-z_]+)\(", text)) | set(re.findall(r"\bivralo\.([A-Z]\w+)", text))
     assert {"call", "sql"} <= named
     assert not sorted(named - set(exported))
+
+
+def _readme_images() -> list[str]:
+    return re.findall(r"!\[[^\]]*\]\(docs/images/([^)\s]+)\)", _text(README))
+
+
+def test_the_readme_shows_every_screenshot() -> None:
+    from showcase_shots import SHOTS
+
+    assert sorted(_readme_images()) == sorted(SHOTS), "the README shows each screenshot the browser tests take"
+
+
+@pytest.mark.parametrize("name", sorted(__import__("showcase_shots").SHOTS))
+def test_a_readme_image_is_there_and_not_stale(name: str) -> None:
+    """Missing, or stale: taken before the wording it shows was changed in the code (see
+    tests/showcase_shots.py). The fix for both: run tests/test_jupyterlab.py and commit docs/images/."""
+    import showcase_shots
+
+    path = showcase_shots.IMAGES / name
+    assert path.is_file(), f"docs/images/{name} is missing: run tests/test_jupyterlab.py and commit docs/images/"
+    entry = showcase_shots.read_manifest().get(name)
+    assert entry is not None, f"docs/images/manifest.json has no entry for {name}: run tests/test_jupyterlab.py"
+    assert entry["png_sha256"] == showcase_shots.sha256(path), (
+        f"docs/images/{name} is not the image its manifest entry was written with: run tests/test_jupyterlab.py"
+    )
+    assert entry["shows"] == showcase_shots.shows(name), (
+        f"docs/images/{name} is stale: it shows {entry['shows']}, the code now words it {showcase_shots.shows(name)}. "
+        "Run tests/test_jupyterlab.py and commit docs/images/."
+    )
+
+
+def test_a_reworded_screenshot_message_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The staleness check reads the wording from the code: change it there and the image is stale."""
+    import showcase_shots
+
+    from ivralo_kernel.protocol import names
+
+    monkeypatch.setattr(names, "INTERRUPTED_TEXT", "stopped at deadline_ms={deadline_ms}; variables kept")
+    assert "stopped at deadline_ms=2000; variables kept" in showcase_shots.shows("deadline-kill.png")
+    assert showcase_shots.read_manifest()["deadline-kill.png"]["shows"] != showcase_shots.shows("deadline-kill.png")

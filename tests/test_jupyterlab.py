@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import showcase_shots
 from servers import jupyter_server
 
 from ivralo_kernel.cli.install import install
@@ -39,7 +40,7 @@ CHROMIUM_ARGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
-DEADLINE_MS = 2000
+DEADLINE_MS = showcase_shots.DEADLINE_MS
 
 
 @pytest.fixture(scope="module")
@@ -51,6 +52,12 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         name="ivralo-lab-deadline",
         display_name="Python (ivralo, 2 s deadline)",
         provisioner_config={"deadline_ms": DEADLINE_MS, "interrupt_grace_ms": 500},
+    )
+    install(
+        prefix=str(prefix),
+        name="ivralo-lab-broker",
+        display_name="Python (ivralo, databases)",
+        provisioner_config={"grants": ["databases"]},
     )
     settings = Path(os.environ["JUPYTER_CONFIG_DIR"]) / "lab/user-settings/@jupyterlab/apputils-extension"
     settings.mkdir(parents=True, exist_ok=True)
@@ -107,6 +114,30 @@ def open_notebook(page: Any, lab: dict[str, Any], name: str, kernel: str, displa
     expect(page.locator("#jp-main-statusbar")).to_contain_text(f"{display} | Idle", timeout=60_000)
 
 
+def shoot(page: Any, name: str, *areas: Any) -> None:
+    """Screenshot the cells ``areas`` (one picture around all of them) into docs/images/NAME, after
+    checking they show every fragment showcase_shots says the image shows; then record it in the
+    manifest that tests/test_docs.py checks the README's images against."""
+    fragments = showcase_shots.shows(name)
+    shown = "\n".join(area.inner_text() for area in areas)
+    missing = [fragment for fragment in fragments if fragment not in shown]
+    assert not missing, f"{name}: not shown {missing} in {shown!r}"
+    boxes = [area.bounding_box() for area in areas]
+    left, top = min(b["x"] for b in boxes), min(b["y"] for b in boxes)
+    right, bottom = max(b["x"] + b["width"] for b in boxes), max(b["y"] + b["height"] for b in boxes)
+    pad = 8
+    clip = {
+        "x": max(left - pad, 0),
+        "y": max(top - pad, 0),
+        "width": right - left + 2 * pad,
+        "height": bottom - top + 2 * pad,
+    }
+    page.mouse.move(0, 0)  # no hover highlight in the picture
+    showcase_shots.IMAGES.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(showcase_shots.IMAGES / name), clip=clip, animations="disabled", caret="hide")
+    showcase_shots.record(name, fragments)
+
+
 def run_in_last_cell(page: Any, code: str) -> None:
     page.locator(".jp-Notebook .jp-Cell-inputArea .cm-content").last.click()
     page.keyboard.type(code)
@@ -137,7 +168,7 @@ def test_a_cell_runs_and_a_killed_cell_says_why(page: Any, lab: dict[str, Any]) 
     )
     expect(cells.nth(2).locator(".jp-InputPrompt")).not_to_have_text("[*]:", timeout=30_000)
     expect(page.locator("#jp-main-statusbar")).to_contain_text(f"{display} | Idle", timeout=30_000)
-    page.screenshot(path=str(lab["root"] / "killed-cell.png"))
+    shoot(page, "deadline-kill.png", cells.nth(1), cells.nth(2))
     run_in_last_cell(page, "print('x' in dir())")
     expect(cells.nth(3).locator(".jp-OutputArea-output")).to_have_text("False", timeout=30_000)
     assert page.locator(".jp-Dialog").count() == 0, "no 'kernel died' dialog"
@@ -154,7 +185,7 @@ def test_a_refusal_shows_the_cells_line_and_one_sentence(page: Any, lab: dict[st
         "GuardRefusal: ivralo write guard: open for writing '/etc/ivralo-nope' refused: it is outside the workspace",
         timeout=30_000,
     )
-    page.screenshot(path=str(lab["root"] / "refusal.png"))
+    shoot(page, "refusal.png", page.locator(".jp-Notebook .jp-Cell").nth(0))
     shown = output.inner_text()
     assert "Cell In[1], line 2" in shown, shown
     assert "open('/etc/ivralo-nope', 'w')" in shown, shown
@@ -195,7 +226,6 @@ def test_the_person_is_asked_about_an_unknown_host(page: Any, lab: dict[str, Any
         expect(stdin).to_contain_text(
             f"Code in this cell wants to reach localhost (port {port}). Allow? [yes/no]", timeout=30_000
         )
-        page.screenshot(path=str(lab["root"] / "asked.png"))
         page.wait_for_timeout(DEADLINE_MS + 1000)  # the person reads the question: longer than the deadline
         stdin.locator("input").fill("yes")
         stdin.locator("input").press("Enter")
@@ -203,6 +233,7 @@ def test_the_person_is_asked_about_an_unknown_host(page: Any, lab: dict[str, Any
         expect(output).to_contain_text("200", timeout=30_000)
         expect(output).to_contain_text("[ivralo network: localhost allowed (yes this time)]", timeout=30_000)
         expect(output).not_to_contain_text("interrupted")
+        shoot(page, "egress-question.png", cells.nth(0))
         assert hits == ["/"], "the person's yes reached the server once, with nothing allowed before"
         # ...through the OS sandbox's egress proxy: the kernel has no network of its own.
         run_in_last_cell(page, "print(get_ipython().kernel.kernel_info['ivralo']['layers']['sandbox'][:5])")
@@ -249,3 +280,25 @@ def test_the_person_says_no_to_a_subprocess(page: Any, lab: dict[str, Any]) -> N
     finally:
         httpd.shutdown()
         httpd.server_close()
+
+
+def test_a_brokered_call_shows_its_record_line(page: Any, lab: dict[str, Any]) -> None:
+    """A query through the credential broker, from a kernel granted "databases": the rows, then the
+    line that records the call by the credential's name. The database is the workspace's own (a
+    SQLite file named in its databases.json, its URL in its .env, which the kernel cannot read)."""
+    import sqlite3
+
+    nbdir = lab["nbdir"]
+    with sqlite3.connect(nbdir / "shop.db") as db:
+        db.execute("create table if not exists items (name text primary key, price real)")
+        db.executemany("insert or replace into items values (?, ?)", [("tea", 3.5), ("scone", 2.8), ("bagel", 2.2)])
+    (nbdir / "databases.json").write_text(json.dumps({"shop": {"url_env": showcase_shots.DB_CREDENTIAL}}))
+    (nbdir / ".env").write_text(f"{showcase_shots.DB_CREDENTIAL}=sqlite:///{nbdir / 'shop.db'}\n")
+    open_notebook(page, lab, "broker.ipynb", "ivralo-lab-broker", "Python (ivralo, databases)")
+    expect = playwright.expect
+    cells = page.locator(".jp-Notebook .jp-Cell")
+    run_in_last_cell(page, 'print(*ivralo.sql("shop", "select name, price from items where price < 3"), sep="\\n")')
+    output = cells.nth(0).locator(".jp-OutputArea")
+    expect(output).to_contain_text("{'name': 'bagel', 'price': 2.2}", timeout=30_000)
+    expect(output).to_contain_text("[ivralo answered this code's calls: shop database with", timeout=30_000)
+    shoot(page, "record-line.png", cells.nth(0))

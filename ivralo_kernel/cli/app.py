@@ -71,7 +71,8 @@ def _run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     flags = {"deadline_ms": deadline_ms, "memory_limit_bytes": args.memory_limit, "grants": args.grant}
-    return run_file(args.file, workspace=args.workspace, settings=_chosen(args.settings, flags))
+    settings = _chosen(args.settings, flags)
+    return run_file(args.file, workspace=args.workspace, settings=settings, progress=args.progress)
 
 
 def _chosen(settings: tuple[str, ...], flags: dict[str, Any]) -> dict[str, Any]:
@@ -216,6 +217,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     deadline.add_argument("--timeout", type=float, metavar="SECONDS", help="deprecated: the same deadline, in seconds")
     p.add_argument("--grant", action="append", metavar="NAME", help='a broker grant, e.g. "databases"; repeatable')
+    p.add_argument(
+        "--progress",
+        choices=("auto", "bar", "lines", "none"),
+        default="auto",
+        help="a notebook's per-cell progress on stderr: a bar rewritten in place, or one line per cell "
+        "(auto, the default: a bar when stderr is a terminal, lines otherwise)",
+    )
     p.epilog = SETTINGS_EPILOG
     p.set_defaults(func=_run)
 

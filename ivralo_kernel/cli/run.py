@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ivralo_kernel.cli.progress import Mode, Progress
 from ivralo_kernel.host.manager import IvraloKernelManager
 from ivralo_kernel.host.outputs import CellOutput, effects_in, effects_line
 from ivralo_kernel.host.processes import still_running, tree_of
@@ -86,7 +87,9 @@ async def _fresh_kernel(client: Any, km: IvraloKernelManager, replaced: int) -> 
     await client.kc.wait_for_ready(timeout=client.startup_timeout)
 
 
-async def _execute(nb: Any, workspace: str, settings: Mapping[str, Any]) -> tuple[list[int], str | None]:
+async def _execute(
+    nb: Any, workspace: str, settings: Mapping[str, Any], progress: Progress | None = None
+) -> tuple[list[int], str | None]:
     """Run every code cell of ``nb`` in place; return the kernel's tree (as it was before shutdown)
     and why the run stopped early, if it did (the kernel died, or nbclient's backstop fired)."""
     from nbclient import NotebookClient
@@ -103,17 +106,29 @@ async def _execute(nb: Any, workspace: str, settings: Mapping[str, Any]) -> tupl
         # What async_execute does, minus its teardown: the tree is looked at before shutdown.
         async with client.async_setup_kernel(cleanup_kc=False):
             client.timeout = _nbclient_timeout(km)
+            number = 0  # of code cells, as the progress counts them
             for index, cell in enumerate(nb.cells):
                 replaced = getattr(km.provisioner, "replacements", 0)
+                code = cell.cell_type == "code"
+                if code:
+                    number += 1
+                    if progress is not None:
+                        progress.start(number, cell.source)
                 try:
                     await client.async_execute_cell(cell, index, execution_count=client.code_cells_executed + 1)
                     if _killed(cell):
                         await _fresh_kernel(client, km, replaced)
                 except (CellTimeoutError, DeadKernelError) as exc:
                     stopped = f"cell {index + 1}: {type(exc).__name__}: {str(exc).strip().splitlines()[0]}"
+                    if code and progress is not None:
+                        progress.done(number, "stopped")
                     break
+                if code and progress is not None:
+                    progress.done(number, "killed" if _killed(cell) else "error" if _failed(cell) else "ok")
             tree = tree_of(getattr(km.provisioner, "pid", 0)) if km.provisioner else []
     finally:  # nbclient leaves a manager it was handed running: stop it, and the whole tree with it
+        if progress is not None:
+            progress.finish()
         if client.kc is not None:
             client.kc.stop_channels()
         if km.has_kernel:
@@ -121,11 +136,12 @@ async def _execute(nb: Any, workspace: str, settings: Mapping[str, Any]) -> tupl
     return tree, stopped
 
 
-async def _run_notebook(path: Path, workspace: str, settings: Mapping[str, Any]) -> int:
+async def _run_notebook(path: Path, workspace: str, settings: Mapping[str, Any], progress: Mode) -> int:
     import nbformat
 
     nb = nbformat.read(path, as_version=4)
-    tree, stopped = await _execute(nb, workspace, settings)
+    total = sum(cell.cell_type == "code" for cell in nb.cells)
+    tree, stopped = await _execute(nb, workspace, settings, Progress(total, progress))
     code_cells = [cell for cell in nb.cells if cell.cell_type == "code"]
     for cell in code_cells:
         _print_cell(cell.get("execution_count") or 0, cell.source, cell.get("outputs", []), _effects_of(cell))
@@ -156,15 +172,19 @@ async def _run_script(path: Path, workspace: str, settings: Mapping[str, Any]) -
     return 1 if stopped or _failed(nb.cells[0]) else 0
 
 
-def run_file(file: str, workspace: str | None, settings: Mapping[str, Any] | None = None) -> int:
+def run_file(
+    file: str, workspace: str | None, settings: Mapping[str, Any] | None = None, progress: Mode = "auto"
+) -> int:
     """Run ``file``; 0 when every cell ran without an error, else 1. ``settings``: the kernel's, over
-    the config files' (IvraloSettings' names: deadline_ms, memory_limit_bytes, grants, ...)."""
+    the config files' (IvraloSettings' names: deadline_ms, memory_limit_bytes, grants, ...).
+    ``progress``: a notebook's per-cell progress on stderr (auto: a bar on a terminal, plain lines
+    otherwise); a .py file is one cell and shows none, its stderr stays the script's."""
     path = Path(file).resolve()
     if not path.is_file():
         raise IvraloError(f"{file}: no such file. Give the path of a .ipynb or .py file.")
     folder = os.path.realpath(workspace or path.parent)
     if path.suffix == ".ipynb":
-        return asyncio.run(_run_notebook(path, folder, settings or {}))
+        return asyncio.run(_run_notebook(path, folder, settings or {}, progress))
     if path.suffix == ".py":
         return asyncio.run(_run_script(path, folder, settings or {}))
     raise IvraloError(f"{file}: not a notebook or a Python file. Give a .ipynb or .py file.")

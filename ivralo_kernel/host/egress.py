@@ -41,6 +41,11 @@ NOBODY_TO_ASK = "nobody to ask"  # as the guard says it: no agent callback, no i
 log = logging.getLogger(__name__)
 
 
+def cell_question(host: str, port: int | None) -> str:
+    """The question a person is asked at the cell's input prompt (the README's screenshot shows it)."""
+    return f"Code in this cell wants to reach {host}" + (f" (port {port})" if port else "")
+
+
 def allow_always(workspace: str, host: str) -> Path:
     """The person answered "always": record the host in the workspace's permissions.json."""
     path = Path(workspace) / names.STATE_DIR / PERMISSIONS_FILE
@@ -102,7 +107,7 @@ class EgressDesk:
         elif payload.get("person") is True:
             self._asked_person.add((execution, host))
             pause(True)  # resumed when the answer comes, or when the execution ends
-            question = f"Code in this cell wants to reach {host}" + (f" (port {port})" if port else "")
+            question = cell_question(host, port)
             reply({"ask_person": True, "question": question, "choices": list(self.choices)})
         else:
             reply({"allowed": False, "reason": "nobody to ask"})
@@ -174,7 +179,7 @@ class EgressDesk:
         else:
             self._asked_person.add((execution, host))
             pause(True)  # resumed when the answer comes
-            text = f"Code in this cell wants to reach {host} (port {port})"
+            text = cell_question(host, port)
             prompt(EgressPrompt(host=host, port=port, question=text, choices=list(self.choices)))
 
     def _ask_agent(self, asker: Asker, host: str, reply: Reply, pause: Pause) -> None:

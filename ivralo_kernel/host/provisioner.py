@@ -56,6 +56,14 @@ SUPERVISOR_KILL_BUDGET_S = 3.0
 SIGNAL_KILL_NOW = signal.SIGUSR1  # the supervisor's "kill the tree now" (see supervisor.run)
 
 
+def killed_cell_text(cause: str, observer: str) -> str:
+    """What the cell whose kernel the host killed shows (the README's screenshot shows it)."""
+    return (
+        f"ivralo ended this cell's kernel ({cause}; {observer}). All variables were lost; "
+        "a fresh kernel is running now: re-run the cells you need."
+    )
+
+
 class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,metaclass]
     """Its settings are ``IvraloSettings``' (host/settings.py): Jupyter's config path
     (``jupyter_ivralo_config``), then the host application's own config, then ``kernel.json``."""
@@ -363,10 +371,7 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
             return
         self._replacing = True
         try:
-            text = (
-                f"ivralo ended this cell's kernel ({loss.cause}; {loss.observer}). All variables were lost; "
-                "a fresh kernel is running now: re-run the cells you need."
-            )
+            text = killed_cell_text(loss.cause, loss.observer)
             if loss.parent:
                 # Through the relay, when there is one: answered where the dead kernel's sockets were.
                 info = self._kernel_side if self.relay is not None else dict(self.connection_info)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ivralo_kernel.kernel.broker_client import BROKER, BrokerUnavailable
@@ -70,11 +70,16 @@ def answer_proxy_question(content: dict[str, Any]) -> None:
         BROKER.ask(names.BROKER_EGRESS_ANSWER, payload, EGRESS_ANSWER_TIMEOUT_S)
 
 
+def prompt_text(question: str, choices: Sequence[str]) -> str:
+    """What the person reads at the cell's input prompt (the README's screenshot shows it)."""
+    return f"{question}. Allow? [{'/'.join(choices)}] "
+
+
 def _prompt(person: Any, answer: Mapping[str, Any]) -> str:
     """Ask at the cell's input prompt until the answer is one of the choices (or a prefix of one)."""
     choices = [c for c in answer.get("choices") or () if c in names.EGRESS_CHOICES] or ["yes", "no"]
     question = str(answer.get("question") or "Code in this cell wants to reach a host")[:300]
-    prompt = f"{question}. Allow? [{'/'.join(choices)}] "
+    prompt = prompt_text(question, choices)
     for _ in range(PROMPT_ATTEMPTS):
         typed = str(person.ask(prompt)).strip().lower()
         for choice in choices:
