@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -133,9 +134,20 @@ def shoot(page: Any, name: str, *areas: Any) -> None:
         "height": bottom - top + 2 * pad,
     }
     page.mouse.move(0, 0)  # no hover highlight in the picture
-    showcase_shots.IMAGES.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(showcase_shots.IMAGES / name), clip=clip, animations="disabled", caret="hide")
-    showcase_shots.record(name, fragments)
+    # The committed picture is replaced only when it is stale (or IVRALO_UPDATE_SCREENSHOTS is set):
+    # screenshots differ byte for byte between runs, and a test run should not dirty the checkout.
+    target = showcase_shots.IMAGES / name
+    entry = showcase_shots.read_manifest().get(name, {})
+    current = target.exists() and entry.get("shows") == fragments
+    current = current and entry.get("png_sha256") == showcase_shots.sha256(target)
+    keep = current and not os.environ.get("IVRALO_UPDATE_SCREENSHOTS")
+    with tempfile.TemporaryDirectory() as scratch:
+        path = Path(scratch) / name if keep else target
+        target.parent.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(path), clip=clip, animations="disabled", caret="hide")
+        assert path.stat().st_size > 0
+    if not keep:
+        showcase_shots.record(name, fragments)
 
 
 def run_in_last_cell(page: Any, code: str) -> None:
