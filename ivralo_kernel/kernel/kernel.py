@@ -63,6 +63,7 @@ class IvraloKernel(compat.KernelOverrides, IPythonKernel):
     implementation = names.IMPLEMENTATION
     implementation_version = __version__
     control_msg_types = [*IPythonKernel.control_msg_types, *names.CONTROL_MSG_TYPES]  # noqa: RUF012 - ipykernel API
+    msg_types = [*IPythonKernel.msg_types, names.MSG_DATA_CHUNK]  # noqa: RUF012 - ipykernel API
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -296,6 +297,13 @@ class IvraloKernel(compat.KernelOverrides, IPythonKernel):
             parent=self.get_parent(),
             ident=f"comm-{comm_id}".encode(),
         )
+
+    async def ivralo_data_chunk(self, stream: Any, ident: Any, parent: dict[str, Any]) -> None:
+        """A piece of a table the host sends behind a Kernel Gateway (no reply: the request that binds
+        it follows on shell)."""
+        ref = (parent.get("content") or {}).get("ref")
+        if isinstance(ref, str):
+            dataplane.take_chunk(ref, parent.get("buffers") or [])
 
     async def ivralo_status_request(self, stream: Any, ident: Any, parent: dict[str, Any]) -> None:
         self._reply(stream, ident, parent, "ivralo_status_reply", {"status": "ok", "executing": self._executing})
