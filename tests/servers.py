@@ -128,9 +128,7 @@ def kernel_gateway(
     ]  # fmt: skip
     log_path = root / "kernel-gateway.log"
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(
-            cmd, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-        )
+        proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         url = f"http://127.0.0.1:{port}"
         try:
             deadline = time.monotonic() + timeout

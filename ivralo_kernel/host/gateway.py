@@ -331,6 +331,9 @@ class GatewayWorker:
             request_timeout=READY_TIMEOUT_S,
         )
         ws = await websocket_connect(request, max_message_size=MAX_FRAME_BYTES)
+        stream = getattr(ws.protocol, "stream", None)
+        if stream is not None:  # small requests go out at once, not after the peer's delayed ACK (Nagle)
+            stream.set_nodelay(True)
         self.kc = GatewayClient(self, ws)
 
     async def wait_ready(self, timeout_s: float) -> None:
