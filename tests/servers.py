@@ -112,3 +112,42 @@ def loopback_http(*addresses: str) -> Iterator[int]:
             server.shutdown()
             server.server_close()
             thread.join(timeout=5)
+
+
+@contextmanager
+def kernel_gateway(
+    root: Path, token: str, *extra: str, env: dict[str, str] | None = None, timeout: float = 60
+) -> Iterator[tuple[str, int]]:
+    """A Jupyter Kernel Gateway on 127.0.0.1 (test-infrastructure.md §3a); yields (its URL, its pid)
+    once GET /api answers 200. ``env`` is the gateway's own environment (the credentials live there)."""
+    port = free_port()
+    cmd = [
+        sys.executable, "-m", "kernel_gateway", "--KernelGatewayApp.ip=127.0.0.1",
+        f"--KernelGatewayApp.port={port}", "--KernelGatewayApp.port_retries=0",
+        f"--KernelGatewayApp.auth_token={token}", "--JupyterWebsocketPersonality.list_kernels=True", *extra,
+    ]  # fmt: skip
+    log_path = root / "kernel-gateway.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + timeout
+            while True:
+                assert proc.poll() is None, log_path.read_text()[-3000:]
+                request = urllib.request.Request(f"{url}/api", headers={"Authorization": f"token {token}"})
+                try:
+                    with urllib.request.urlopen(request, timeout=2) as response:
+                        if response.status == 200:
+                            break
+                except OSError:
+                    pass
+                assert time.monotonic() < deadline, f"the kernel gateway did not come up; see {log_path}"
+                time.sleep(0.05)
+            yield url, proc.pid
+        finally:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=5)

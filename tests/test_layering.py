@@ -30,7 +30,8 @@ ALLOWED: dict[str, tuple[set[str], set[str]]] = {
     "host": (
         {"protocol"},
         {"jupyter_client", "jupyter_core", "traitlets", "psutil", "zmq", "dotenv", "sqlalchemy", "httpx"}
-        | {"pyarrow", "numpy"},
+        | {"pyarrow", "numpy"}
+        | {"tornado"},  # the websocket to a Kernel Gateway (host/gateway.py)
     ),
     "cli": ({"host", "protocol"}, {"jupyter_client", "nbclient", "nbformat", "jupyter_core"}),
 }

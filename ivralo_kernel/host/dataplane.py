@@ -170,6 +170,16 @@ def write_ipc(table: Any, segment: memoryview) -> int:
     return size
 
 
+def ipc_bytes(table: Any) -> Any:
+    """The Arrow IPC stream of ``table`` in memory (a pyarrow Buffer): behind a gateway, where the
+    kernel shares no memory with the host (host/gateway.py)."""
+    pa = require_arrow("inject_dataframe")
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue()
+
+
 # --- decoding (kernel -> host) --------------------------------------------------------------------
 
 
@@ -178,8 +188,9 @@ def decode_inline(envelope: dict[str, Any]) -> Any:
     return json.loads(envelope["text"]) if envelope["kind"] == "json" else str(envelope["text"])
 
 
-def decode_segment(envelope: dict[str, Any], segment: mmap.mmap, length: int) -> Any:
-    """The value the kernel wrote, copied out of the segment (whose pages the next transfer reuses)."""
+def decode_segment(envelope: dict[str, Any], segment: mmap.mmap | bytearray, length: int) -> Any:
+    """The value the kernel wrote, copied out of the segment (whose pages the next transfer reuses),
+    or out of the bytes that came over a gateway's websocket."""
     view = memoryview(segment)
     try:
         if envelope["kind"] == "npy":

@@ -11,10 +11,13 @@ from __future__ import annotations
 import ast
 import queue
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ivralo_kernel.host.dataplane import refusal
 from ivralo_kernel.host.worker import Worker
+
+if TYPE_CHECKING:
+    from ivralo_kernel.host.gateway import GatewayWorker
 from ivralo_kernel.protocol import names
 
 # The kernel's data plane, by the hidden name the kernel gives it in every namespace (an import from
@@ -36,7 +39,7 @@ class WorkerGone(Exception):  # internal: the session turns it into NamespaceWor
 
 
 class NamespaceCall:
-    def __init__(self, worker: Worker, operation: str, budget_ms: int) -> None:
+    def __init__(self, worker: Worker | GatewayWorker, operation: str, budget_ms: int) -> None:
         self.worker, self.operation, self.budget_ms = worker, operation, budget_ms
         self._deadline = time.monotonic() + budget_ms / 1000
 
@@ -61,6 +64,13 @@ class NamespaceCall:
             if content.get("status") != "ok":
                 raise ValueError(f"{self.operation}: {content.get('ename')}: {content.get('evalue')}")
             return dict(content.get("user_expressions") or {})
+
+    def left_s(self) -> float:
+        """What is left of the operation's budget, in seconds."""
+        return self._deadline - time.monotonic()
+
+    def timeout(self) -> NamespaceTimeoutError:
+        return self._timeout()
 
     async def value(self, expression: str) -> str:
         """The string ``expression`` returns in the kernel; its exception, raised here as the host's."""

@@ -37,6 +37,7 @@ from ivralo_kernel.host.dataplane import (
     write_ipc,
 )
 from ivralo_kernel.host.escalation import Phase
+from ivralo_kernel.host.gateway import GatewayPool, GatewayWorker, RemoteDeadline, fetch_remote, inject_remote
 from ivralo_kernel.host.history_store import HistoryError, HistoryStore, entry_dict, parse_time
 from ivralo_kernel.host.namespace import (
     DATAPLANE,
@@ -60,6 +61,7 @@ if TYPE_CHECKING:
 
 __all__ = ["NamespaceTimeoutError", "NamespaceWorkerLostError", "RunResult", "Session", "SyncSession"]
 RunResult = str | dict[str, str]
+AnyWorker = Worker | GatewayWorker  # a local kernel, or one a Kernel Gateway runs (host/gateway.py)
 T = TypeVar("T")
 
 # Evaluated by the kernel after each successful cell (user_expressions): the names, never values.
@@ -122,7 +124,11 @@ class Session:
             config = (config or WorkerConfig()).replace(project=os.fspath(project))
         if workspace is None:  # a project's kernel works in the project, unless told otherwise
             workspace = project if project is not None else "."
-        self._pool = pool or WorkerPool(workspace, config, role, python)
+        if gateway_url is not None:
+            _check_gateway(pool, grants, python, project)
+            self._pool: WorkerPool | GatewayPool = GatewayPool(gateway_url, os.fspath(workspace), config, role)
+        else:
+            self._pool = pool or WorkerPool(workspace, config, role, python)
         self._owns_pool = pool is None
         self.workspace = self._pool.settings.workspace
         self.config = self._pool.config
@@ -132,7 +138,7 @@ class Session:
         self.surface, self.gateway_url = self.config.surface, gateway_url
         self._gate = self.config.settings.gate_rules()  # None: the code gate is off
         self._lock = asyncio.Lock()
-        self._worker: Worker | None = None
+        self._worker: AnyWorker | None = None
         self._known_names: list[str] = []
         self._user_interrupt = False
         self._restarts: deque[tuple[float, str]] = deque()
@@ -170,7 +176,7 @@ class Session:
         return self._worker.supervisor_pid if self._worker else None
 
     @property
-    def watchdog(self) -> Watchdog | None:
+    def watchdog(self) -> Watchdog | RemoteDeadline | None:
         return self._worker.watchdog if self._worker else None
 
     async def run(self, code: str) -> RunResult:
@@ -194,21 +200,24 @@ class Session:
                 worker.last_used = time.monotonic()
             return with_effects(self._with_notes(result, worker), self._effects)
 
-    async def _ensure_started(self) -> Worker:
+    async def _ensure_started(self) -> AnyWorker:
         worker = self._worker
         if worker is not None and worker.retired is None and await worker.is_alive():
             return worker
         if worker is not None:  # retired by the pool while idle: a fresh namespace is no error
             self._worker = None
             self._known_names = []
-            await self._pool.release(worker)
+            await self._give_back(worker)
         self._worker = await self._pool.acquire()
         self._connect_asker(self._worker)
         return self._worker
 
-    def _connect_asker(self, worker: Worker) -> None:
+    def _connect_asker(self, worker: AnyWorker) -> None:
         """This session's grants go to the worker's broker; questions the host has for it (e.g. an
         unknown host) go to ``ask``, on our loop."""
+        if isinstance(worker, GatewayWorker):  # the gateway holds the grants; its questions come at the prompt
+            worker.asker = self._remote_asker()
+            return
         provisioner = worker.km.provisioner
         set_grants = getattr(provisioner, "set_broker_grants", None)
         if set_grants is not None:
@@ -233,7 +242,22 @@ class Session:
 
         broker.asker = bridge
 
-    async def _execute(self, worker: Worker, code: str) -> RunResult:
+    def _remote_asker(self) -> Callable[[str, tuple[str, ...]], Awaitable[str]] | None:
+        ask = self.ask
+        if ask is None:
+            return None
+
+        async def asking(question: str, choices: tuple[str, ...]) -> str:
+            self._asking_since = time.monotonic()
+            try:
+                return str(await ask(question, choices))
+            finally:  # the person's time does not count against the call's deadline
+                self._asked_s += time.monotonic() - self._asking_since
+                self._asking_since = None
+
+        return asking
+
+    async def _execute(self, worker: AnyWorker, code: str) -> RunResult:
         kc = worker.kc
         msg_id = kc.execute(code, allow_stdin=False, stop_on_error=True, user_expressions={"names": _NAMES_EXPR})
         out = CellOutput()
@@ -275,7 +299,7 @@ class Session:
             self._known_names = _names_from(content.get("user_expressions", {}).get("names"))
         return self._result(worker, msg_id, out, content)
 
-    def _result(self, worker: Worker, msg_id: str, out: CellOutput, content: dict[str, Any]) -> RunResult:
+    def _result(self, worker: AnyWorker, msg_id: str, out: CellOutput, content: dict[str, Any]) -> RunResult:
         if worker.watchdog is not None and worker.watchdog.interrupted(msg_id):
             return error_result(out.text, names.INTERRUPTED_TEXT.format(deadline_ms=self.config.deadline_ms))
         if out.error is not None or content.get("status") == "error":
@@ -287,7 +311,7 @@ class Session:
             return error_result(out.text, ABORTED_TEXT)
         return out.text
 
-    def _with_notes(self, result: RunResult, worker: Worker | None) -> RunResult:
+    def _with_notes(self, result: RunResult, worker: AnyWorker | None) -> RunResult:
         """Append the one-line notes a result carries: a memory soft-limit breach, a restart loop."""
         notes = [
             n
@@ -303,7 +327,7 @@ class Session:
         result["result"] += text
         return result
 
-    def _death_cause(self, worker: Worker) -> str:
+    def _death_cause(self, worker: AnyWorker) -> str:
         """Why the worker is gone: the user's Esc, the watchdog's kill, or a crash."""
         if self._user_interrupt:
             return USER_INTERRUPT_CAUSE
@@ -318,7 +342,7 @@ class Session:
             return f"timeout: execution exceeded deadline_ms={self.config.deadline_ms}{observer}"
         return f"crash: {_exit_description(status)}{observer}"
 
-    async def _shell_reply(self, worker: Worker, msg_id: str) -> dict[str, Any] | None:
+    async def _shell_reply(self, worker: AnyWorker, msg_id: str) -> dict[str, Any] | None:
         deadline = time.monotonic() + self.config.namespace_timeout_ms / 1000
         while time.monotonic() < deadline:
             try:
@@ -354,10 +378,18 @@ class Session:
             )
             log.warning("ivralo: %s", self._restart_note)
 
+    async def _give_back(self, worker: AnyWorker) -> None:
+        if isinstance(worker, GatewayWorker):
+            assert isinstance(self._pool, GatewayPool)
+            await self._pool.release(worker)
+        else:
+            assert isinstance(self._pool, WorkerPool)
+            await self._pool.release(worker)
+
     async def _release_worker(self) -> None:
         worker, self._worker = self._worker, None
         if worker is not None:
-            await self._pool.release(worker)
+            await self._give_back(worker)
 
     async def interrupt(self) -> dict[str, str] | None:
         """The Esc key: end the worker and its whole tree now (no grace). The next call gets a fresh
@@ -396,6 +428,8 @@ class Session:
         the run could not complete, or a hermetic run met a module off its surface. This session's own
         namespace is not touched."""
         runner = runner or self.surface
+        if isinstance(self._pool, GatewayPool):
+            raise ConfigError("run_tests", "the tests' files are on the gateway's machine", "Run them there")
         if runner not in RUNNERS:
             raise ConfigError("runner", f"{runner!r} is not one of {', '.join(RUNNERS)}", "Pick one of them")
         if self.approve is not None and not await self.approve(f"# run_tests({path!r}, runner={runner!r})"):
@@ -455,6 +489,8 @@ class Session:
             return decode_inline(envelope)
         if envelope["kind"] == "arrow":
             require_arrow(call.operation)
+        if isinstance(call.worker, GatewayWorker):  # no shared memory: binary buffers on the websocket
+            return await fetch_remote(call, envelope)
         exchange = self._exchange(call.worker)
         path, capacity = exchange.reserve(int(envelope["size"]))
         try:
@@ -515,6 +551,10 @@ class Session:
         table, kind = as_table(frame)
         size = ipc_size(table)
         async with self._namespace(operation) as call:
+            if isinstance(call.worker, GatewayWorker):  # no shared memory: binary buffers on the websocket
+                await inject_remote(call, name, table, kind)
+                self._known_names = sorted({*self._known_names, name})
+                return
             exchange = self._exchange(call.worker)
             path, capacity = exchange.reserve(size)
             try:
@@ -580,6 +620,18 @@ class Session:
                 raise NamespaceWorkerLostError(
                     f"{operation}: the worker pid={pid} ended during this call; {lost['error']}"
                 ) from None
+
+
+def _check_gateway(pool: WorkerPool | None, grants: tuple[str, ...], python: str | None, project: Any) -> None:
+    """What a session behind a gateway cannot take: the gateway's machine decides these."""
+    given = [n for n, v in (("pool", pool), ("grants", grants), ("python", python), ("project", project)) if v]
+    if given:
+        raise ConfigError(
+            ", ".join(given),
+            "with gateway_url the kernel runs on the gateway's machine, whose configuration holds the grants, "
+            "the credentials and the interpreter",
+            "Set them in the gateway's jupyter_ivralo_config (IvraloProvisioner.grants, ...), and leave them out here",
+        )
 
 
 def _write_table(table: Any, exchange: Exchange) -> int:

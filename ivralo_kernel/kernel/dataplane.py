@@ -183,6 +183,63 @@ def write(path: str, capacity: int) -> str:
     return json.dumps({"size": size})
 
 
+def send(comm_id: str, chunk_bytes: int) -> str:
+    """Step two behind a Kernel Gateway (no shared memory): the prepared bytes as the buffers of
+    ``comm_msg``s on IOPub, ``chunk_bytes`` each, parented by the host's request."""
+    if not _pending:
+        raise RuntimeError("nothing prepared: the host's request came out of order")
+    kind, value = _pending.pop()
+    if kind == "arrow":
+        pa = _arrow()
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, value.schema) as writer:
+            writer.write_table(value)
+        data = memoryview(sink.getvalue())
+    else:
+        data = memoryview(_npy_header(value) + value.reshape(-1).view("u1").tobytes())
+    from IPython import get_ipython
+
+    shell = get_ipython()
+    kernel = getattr(shell, "kernel", None)
+    if kernel is None:
+        raise RuntimeError("no kernel to send the bytes through")
+    starts = range(0, max(len(data), 1), chunk_bytes)
+    for start in starts:
+        kernel.session.send(
+            kernel.iopub_socket,
+            "comm_msg",
+            {"comm_id": comm_id, "data": {"offset": start}},
+            parent=kernel.get_parent(),
+            ident=f"comm-{comm_id}".encode(),
+            buffers=[data[start : start + chunk_bytes]],
+        )
+    return json.dumps({"size": len(data), "chunks": len(starts)})
+
+
+_inbox: dict[str, bytearray] = {}  # behind a gateway: a table's bytes as they arrive, by the host's ref
+
+
+def take_chunk(ref: str, buffers: list[Any]) -> None:
+    """(the ``ivralo_data_chunk`` handler) One piece of a table the host is sending."""
+    if ref not in _inbox:
+        _inbox.clear()  # one transfer at a time: what an abandoned one left goes
+        _inbox[ref] = bytearray()
+    for buffer in buffers:
+        _inbox[ref] += getattr(buffer, "buffer", buffer)  # a zmq Frame's memory, or bytes
+
+
+def receive_sent(name: str, ref: str, length: int, kind: str) -> str:
+    """Bind ``name`` to the table the host sent in ``ivralo_data_chunk`` messages."""
+    data = _inbox.pop(ref, None)
+    if data is None or len(data) != length:
+        got = "nothing" if data is None else f"{len(data)} bytes"
+        raise RuntimeError(f"the host sent {length} bytes and {got} arrived")
+    pa = _arrow()
+    value = _from_ipc(pa, pa.py_buffer(data), kind)
+    _user_ns()[name] = value
+    return json.dumps({"rows": value.shape[0]})
+
+
 def _type_name(value: Any) -> str:
     kind = type(value)
     return kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"

@@ -64,6 +64,7 @@ class IvraloKernel(compat.KernelOverrides, IPythonKernel):
     implementation = names.IMPLEMENTATION
     implementation_version = __version__
     control_msg_types = [*IPythonKernel.control_msg_types, *names.CONTROL_MSG_TYPES]  # noqa: RUF012 - ipykernel API
+    msg_types = [*IPythonKernel.msg_types, names.MSG_DATA_CHUNK]  # noqa: RUF012 - ipykernel API
     # debugpy is imported at the first debug_request, not at every start (50 ms of CPU).
     debugger_class = Type(compat.defer_debugger_import())
 
@@ -299,6 +300,13 @@ class IvraloKernel(compat.KernelOverrides, IPythonKernel):
             parent=self.get_parent(),
             ident=f"comm-{comm_id}".encode(),
         )
+
+    async def ivralo_data_chunk(self, stream: Any, ident: Any, parent: dict[str, Any]) -> None:
+        """A piece of a table the host sends behind a Kernel Gateway (no reply: the request that binds
+        it follows on shell)."""
+        ref = (parent.get("content") or {}).get("ref")
+        if isinstance(ref, str):
+            dataplane.take_chunk(ref, parent.get("buffers") or [])
 
     async def ivralo_status_request(self, stream: Any, ident: Any, parent: dict[str, Any]) -> None:
         self._reply(stream, ident, parent, "ivralo_status_reply", {"status": "ok", "executing": self._executing})

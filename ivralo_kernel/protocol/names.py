@@ -120,6 +120,9 @@ MSG_STATUS_REQUEST: Final = "ivralo_status_request"  # "which execution is runni
 MSG_BROKER_REPLY: Final = "ivralo_broker_reply"  # the host's answer to a broker request
 # "I hear your IOPub and you hear my control": the host sends it once its IOPub subscription is
 # live; the kernel sends no request before it (one sent earlier could be lost to a slow joiner).
+# Behind a Kernel Gateway (no shared memory), a piece of a table the host sends, as the message's
+# buffer, on shell: {"ref"} (no reply; the request that binds the table comes after it on shell).
+MSG_DATA_CHUNK: Final = "ivralo_data_chunk"
 MSG_BROKER_HELLO: Final = "ivralo_broker_hello"  # {"comm_id"} -> ivralo_broker_hello_reply {"status"}
 # The egress proxy met an unknown host: "show this question at the running cell's input prompt"
 # {"host", "port", "question", "choices"}; the kernel relays the answer as an egress_answer request.
