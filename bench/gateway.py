@@ -46,6 +46,9 @@ def kernel_gateway(root: Path) -> Iterator[str]:
         sys.executable, "-m", "kernel_gateway", "--KernelGatewayApp.ip=127.0.0.1",
         f"--KernelGatewayApp.port={port}", "--KernelGatewayApp.port_retries=0",
         f"--KernelGatewayApp.auth_token={token}",
+        # As docs/agents.md says to run it: each websocket frame sent at once (TCP_NODELAY).
+        "--KernelGatewayApp.kernel_websocket_connection_class="
+        "ivralo_kernel.host.prompt_websocket.PromptKernelWebsocketConnection",
     ]  # fmt: skip
     with open(root / "kernel-gateway.log", "w") as log:
         proc = subprocess.Popen(cmd, cwd=root, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

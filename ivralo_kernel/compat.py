@@ -21,7 +21,11 @@ ivralo name that the kernel's own class implements: the policy stays in ``ivralo
 from __future__ import annotations
 
 import asyncio
+import importlib
+import importlib.util
 import signal
+import sys
+import types
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, cast
@@ -146,11 +150,6 @@ def defer_debugger_import() -> type:
     If it changes: the debugger is missing from ``kernel_info`` (JupyterLab hides its bug icon) or
     a ``debug_request`` fails; ``tests/test_compat.py`` and the debugger tests say which.
     """
-    import importlib
-    import importlib.util
-    import sys
-    import types
-
     name = "ipykernel.debugger"
 
     def real_module() -> types.ModuleType:

@@ -114,6 +114,10 @@ def loopback_http(*addresses: str) -> Iterator[int]:
             thread.join(timeout=5)
 
 
+# The gateway as docs/agents.md says to run it: each websocket frame sent at once (TCP_NODELAY).
+PROMPT_WEBSOCKET = "ivralo_kernel.host.prompt_websocket.PromptKernelWebsocketConnection"
+
+
 @contextmanager
 def kernel_gateway(
     root: Path, token: str, *extra: str, env: dict[str, str] | None = None, timeout: float = 60
@@ -124,7 +128,8 @@ def kernel_gateway(
     cmd = [
         sys.executable, "-m", "kernel_gateway", "--KernelGatewayApp.ip=127.0.0.1",
         f"--KernelGatewayApp.port={port}", "--KernelGatewayApp.port_retries=0",
-        f"--KernelGatewayApp.auth_token={token}", "--JupyterWebsocketPersonality.list_kernels=True", *extra,
+        f"--KernelGatewayApp.auth_token={token}", "--JupyterWebsocketPersonality.list_kernels=True",
+        f"--KernelGatewayApp.kernel_websocket_connection_class={PROMPT_WEBSOCKET}", *extra,
     ]  # fmt: skip
     log_path = root / "kernel-gateway.log"
     with open(log_path, "w") as log:

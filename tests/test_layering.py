@@ -31,7 +31,8 @@ ALLOWED: dict[str, tuple[set[str], set[str]]] = {
         {"protocol"},
         {"jupyter_client", "jupyter_core", "traitlets", "psutil", "zmq", "dotenv", "sqlalchemy", "httpx"}
         | {"pyarrow", "numpy"}
-        | {"tornado"},  # the websocket to a Kernel Gateway (host/gateway.py)
+        | {"tornado"}  # the websocket to a Kernel Gateway (host/gateway.py)
+        | {"jupyter_server"},  # a server's kernel websocket class (host/prompt_websocket.py), in that server
     ),
     "cli": ({"host", "protocol"}, {"jupyter_client", "nbclient", "nbformat", "jupyter_core"}),
 }
