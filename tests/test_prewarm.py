@@ -4,11 +4,14 @@ was asked for, already sandboxed and guarded, and the pool refills, ends its spa
 from __future__ import annotations
 
 import os
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 import pytest
+from conftest import SANDBOXED_KERNEL
 from jupyter_client import KernelManager
 from kernel_helpers import execute
 
@@ -17,6 +20,7 @@ from ivralo_kernel.host import prewarm
 from ivralo_kernel.host.sandbox import availability
 
 SPEC = "ivralo-prewarm"
+HOLD_S = 20.0  # how long the pipe's other holder keeps it (a shutdown takes well under 5 s)
 pytestmark = pytest.mark.skipif(availability()[0] is None, reason="spares need the bwrap sandbox")
 
 
@@ -100,3 +104,37 @@ def test_another_workspace_starts_cold(spec: str, pool: prewarm.SparePool, tmp_p
         first.shutdown_kernel(now=True)
         pool.close()
     assert not pool.ready_pids()
+
+
+
+@pytest.mark.timeout(60)
+def test_a_shutdown_does_not_wait_for_whoever_holds_the_kernels_output(workspace: Path) -> None:
+    """A process out of the kernel's tree that holds its output pipe cannot hang ``shutdown_kernel``.
+    A sandbox orphaned by an early interrupt did (jupyter_client interrupts first on every shutdown,
+    and a SIGINT to bwrap's group killed bwrap alone): the pool's refills, shut down as they started,
+    hung the host on closing a pipe the relay thread was reading. Here the holder is this test."""
+    km = KernelManager(kernel_name=SANDBOXED_KERNEL)
+    km.start_kernel(cwd=str(workspace))
+    process = km.provisioner.process
+    holder = os.open(f"/proc/{process.pid}/fd/1", os.O_WRONLY)  # the pipe's write end, kept open
+    released: list[bool] = []
+    lock = threading.Lock()
+
+    def release() -> None:
+        with lock:
+            if not released:
+                released.append(True)
+                os.close(holder)
+
+    # Were the hang back, it would be uninterruptible (a lock taken in C): let go after a while.
+    timer = threading.Timer(HOLD_S, release)
+    timer.start()
+    started = time.monotonic()
+    try:
+        km.shutdown_kernel(now=True)
+        took = time.monotonic() - started
+    finally:
+        timer.cancel()
+        release()
+    assert took < HOLD_S, f"shutdown_kernel waited {took:.1f} s for the pipe's other holder"
+    assert process.poll() is not None

@@ -93,6 +93,7 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
     _sandbox_folder: SandboxFolder | None = None
     exchange_dir: str | None = None  # the namespace API's shared-memory folder (host.dataplane)
     _supervisor: int | None = None
+    _supervisor_process: psutil.Process | None = None  # the same, kept to end it if bwrap dies first
     _host_pipe: tuple[int, int] | None = None  # the sandbox's supervisor sees EOF when this process is gone
     spare_key: SpareKey | None = None  # the warm-pool key of this provisioner's kernel (host.prewarm)
     is_spare = False  # this kernel waits in the pool for a notebook
@@ -194,7 +195,7 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
         env[names.ENV_EXCHANGE_DIR] = self.exchange_dir
         kwargs["env"] = env
         kwargs["cwd"] = policy.workspace
-        self._supervisor = None
+        self._supervisor = self._supervisor_process = None
         # The host's pipe to the supervisor: EOF when this process is gone, and the deadline backstop's
         # lines, which only we can write (both ends close-on-exec; only the read end is passed on).
         if self._host_pipe is None:
@@ -294,6 +295,9 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
             return int(process.pid)
         if self._supervisor is None:
             self._supervisor = find_in_tree(process.pid, SUPERVISOR_MODULE)
+            if self._supervisor is not None:
+                with contextlib.suppress(psutil.Error):
+                    self._supervisor_process = psutil.Process(self._supervisor)
         return self._supervisor
 
     def host_pid(self, kernel_pid: int) -> int:
@@ -471,7 +475,7 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
             env[names.ENV_REPLACEMENT] = "1"  # it holds requests until its IOPub subscribers are back
             compat.adopt_process(self, launch_kernel(cmd, **{**kwargs, "env": env}))
             relay_output(self.process)
-            self._supervisor = None
+            self._supervisor = self._supervisor_process = None
             self.replacements += 1
             self.log.warning("ivralo: replaced the kernel after %s (%d so far)", loss.cause, self.replacements)
             self._start_watchdog()
@@ -485,7 +489,16 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
         can clean up and leaves ``setsid`` children behind.
         """
         process = self.process
-        if process is None or process.poll() is not None:
+        if process is None:
+            return
+        if process.poll() is not None:
+            # bwrap is gone; a supervisor we saw may not be (bwrap killed from outside): out of our
+            # tree now, it still holds the sandbox. psutil checks it is the same process.
+            orphan = self._supervisor_process
+            if orphan is not None:
+                with contextlib.suppress(psutil.Error):
+                    for proc in [*orphan.children(recursive=True), orphan]:
+                        proc.kill()
             return
         tree = self._tree_snapshot()
         with contextlib.suppress(ProcessLookupError):
@@ -516,13 +529,26 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
         if signum == signal.SIGKILL:
             await self.kill()
             return
-        supervisor = self.supervisor_pid() if self.sandboxed else None
-        if supervisor is not None:
-            # Not bwrap's group: bwrap itself would die of a SIGINT, and take the sandbox with it.
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(supervisor, signum)
+        if self.sandboxed:
+            # Never bwrap's group: bwrap dies of a SIGINT and leaves its sandbox behind, an orphan out of
+            # our tree that holds the kernel's output pipes. Before the supervisor runs (jupyter_client
+            # interrupts as the first step of every shutdown, often just after the start) no code of
+            # the person's runs either: nothing to signal.
+            supervisor = self.supervisor_pid()
+            if supervisor is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(supervisor, signum)
             return
         await super().send_signal(signum)
+
+    async def wait(self) -> int | None:
+        """LocalProvisioner.wait, without closing the kernel's stdout and stderr pipes: the output relay's
+        threads own them and close them at EOF. Closing a pipe a thread is reading waits for that read,
+        i.e. for every process holding the write end to end, and a shutdown must not hang on that."""
+        process = self.process
+        if process is not None:
+            process.stdout = process.stderr = None
+        return await super().wait()
 
     def _tree_snapshot(self) -> list[psutil.Process]:
         if not self.process:
@@ -586,6 +612,7 @@ ADOPTED = (
     "_sandbox_folder",
     "exchange_dir",
     "_supervisor",
+    "_supervisor_process",
     "_host_pipe",
     "process",
     "pid",
