@@ -66,6 +66,11 @@ class Recipe:
     target: int  # spares to keep
     ttl_s: float
     reserve_bytes: int
+    log: Any = None  # the host's logger (jupyter_server's): what the pool does shows in the server's log
+
+
+def _log(recipe: Recipe) -> Any:
+    return recipe.log if recipe.log is not None else log
 
 
 @dataclass
@@ -190,7 +195,7 @@ class SparePool:
                         if now - spare.born >= recipe.ttl_s:  # nobody took it: end it, stop refilling
                             spares.remove(spare)
                             self._recipes.pop(key, None)
-                            log.info("ivralo: ended an unused spare kernel of %s (idle TTL)", key.workspace)
+                            _log(recipe).info("ivralo: ended an unused spare kernel of %s (idle TTL)", key.workspace)
                             return lambda spare=spare: end_spare(spare)  # type: ignore[misc]
                         due = spare.born + recipe.ttl_s
                         wake = due if wake is None else min(wake, due)
@@ -205,8 +210,8 @@ class SparePool:
         spare = None
         try:
             spare = self._start(key, recipe)
-        except Exception:  # a spare that does not start: the next notebook starts cold
-            log.warning("ivralo: a spare kernel for %s did not start", key.workspace, exc_info=True)
+        except Exception:  # noqa: BLE001 - a spare that does not start: the next notebook starts cold
+            _log(recipe).warning("ivralo: a spare kernel for %s did not start", key.workspace, exc_info=True)
         with self._cond:
             closed = self._closed
         if closed and spare is not None:  # before close() stops waiting for us
@@ -219,6 +224,13 @@ class SparePool:
             elif spare is not None and not self._closed:
                 self._ready.setdefault(key, []).append(spare)
                 self.started += 1
+                # Which process waits, for which folder: the server's log shows it (tests wait on it)
+                _log(recipe).info(
+                    "ivralo: a warm spare kernel (pid %s) is ready for %s (%s)",
+                    spare.pid,
+                    key.workspace,
+                    key.kernel_name,
+                )
             elif key in self._recipes:
                 self._recipes.pop(key)  # it failed: no retry loop; the next kernel of the key asks again
             self._cond.notify_all()
@@ -242,7 +254,7 @@ def start_spare(key: SpareKey, recipe: Recipe) -> Spare | None:
     provisioner = km.provisioner
     if getattr(provisioner, "spare_key", None) != key or not getattr(provisioner, "sandboxed", False):
         # It would not be the kernel the next notebook asks for (or it cannot be handed over).
-        log.info("ivralo: no spare kernels for %s: its kernels are not sandboxed or differ", key.workspace)
+        _log(recipe).info("ivralo: no spare kernels for %s: its kernels are not sandboxed or differ", key.workspace)
         end_spare(spare)
         return None
     client = km.client()

@@ -382,6 +382,7 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
                 target=self.spares,
                 ttl_s=self.spare_idle_ttl_seconds,
                 reserve_bytes=self.host_memory_reserve_bytes,
+                log=self.log,
             ),
         )
 
