@@ -66,6 +66,7 @@ MODULES: tuple[tuple[str, str], ...] = (
     ("dataframe_transfer", "DataFrame transport"),
     ("effects_cost", "the effects report's cost"),
     ("warm_pool", "warm pool"),
+    ("warm_notebook", "JupyterLab's new notebook, warm spare"),
 )
 # Per child: a smoke module takes seconds; a hung one must not hold CI.
 CHILD_TIMEOUT_S = {"smoke": 150.0, "full": 420.0}
