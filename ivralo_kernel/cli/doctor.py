@@ -15,6 +15,7 @@ from typing import Any
 from ivralo_kernel.host import Session, WorkerConfig
 from ivralo_kernel.host.broker import BrokerResponder
 from ivralo_kernel.host.observer import human_bytes
+from ivralo_kernel.host.prewarm import kernelspec_spares
 from ivralo_kernel.host.processes import tree_rss
 from ivralo_kernel.host.sandbox import availability, dotenv_kept_out
 from ivralo_kernel.host.settings import JupyterHostSettings, config_file_layers, resolve
@@ -189,22 +190,28 @@ async def _probe(settings: tuple[str, ...], project: str | None = None) -> dict[
 
 
 def _spares_note(idle_rss: int | None) -> dict[str, Any]:
-    """Whether Jupyter's hosts keep warm spare kernels (``spares``), and what they cost idle."""
+    """Whether Jupyter's hosts keep warm spare kernels (``spares``), and what they cost idle: the config
+    files' value, and each installed kernelspec whose own provisioner config sets it (that one wins)."""
     settings = resolve(JupyterHostSettings, config_file_layers()).settings
     count = int(settings.spares)
+    specs = kernelspec_spares()
     each = f"about {human_bytes(idle_rss)} each (this kernel's tree, idle)" if idle_rss else "one idle kernel each"
-    if count <= 0:
+    on_specs = ", ".join(f"{name} ({n})" for name, n in specs.items() if n > 0)
+    if count <= 0 and not on_specs:
         text = (
             "off (spares=0, the default): JupyterLab waits a kernel's cold start per notebook. "
             f"spares=N keeps N ready per workspace, {each}, ended after spare_idle_ttl_seconds unused."
         )
     else:
+        where = f"{count} per workspace and kernelspec" if count > 0 else "off in the config files"
+        if on_specs:
+            where += f"; set by the kernelspecs {on_specs}"
         text = (
-            f"on: {count} per workspace and kernelspec, sandboxed kernels only, after the workspace's first "
-            f"kernel; {each} of idle memory, ended after {settings.spare_idle_ttl_seconds:g} s unused; none "
-            f"starts below {human_bytes(settings.host_memory_reserve_bytes)} of free memory."
+            f"on: {where}; sandboxed kernels only, after the workspace's first kernel; {each} of idle memory, "
+            f"ended after {settings.spare_idle_ttl_seconds:g} s unused; none starts below "
+            f"{human_bytes(settings.host_memory_reserve_bytes)} of free memory."
         )
-    return {"spares": count, "idle_rss_bytes": idle_rss, "detail": text}
+    return {"spares": count, "kernelspecs": specs, "idle_rss_bytes": idle_rss, "detail": text}
 
 
 def doctor(as_json: bool, settings: tuple[str, ...] = (), project: str | None = None) -> int:

@@ -289,4 +289,25 @@ def discard_adopted(spare: Spare) -> None:
         km.cleanup_resources()
 
 
+def kernelspec_spares() -> dict[str, int]:
+    """(doctor) The installed ivralo kernelspecs whose own provisioner config sets ``spares`` (it wins
+    over the config files), by kernelspec name."""
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    from ivralo_kernel.protocol import names
+
+    found: dict[str, int] = {}
+    for name, folder in sorted(KernelSpecManager().find_kernel_specs().items()):
+        try:
+            with open(f"{folder}/kernel.json", encoding="utf-8") as f:
+                provisioner = json.load(f).get("metadata", {}).get("kernel_provisioner", {})
+            if provisioner.get("provisioner_name") == names.PROVISIONER_NAME and "spares" in provisioner.get(
+                "config", {}
+            ):
+                found[name] = int(provisioner["config"]["spares"])
+        except (OSError, ValueError, TypeError, AttributeError):
+            continue
+    return found
+
+
 POOL = SparePool()
