@@ -67,6 +67,7 @@ MODULES: tuple[tuple[str, str], ...] = (
     ("effects_cost", "the effects report's cost"),
     ("warm_pool", "warm pool"),
     ("gateway", "through a Kernel Gateway vs local"),
+    ("warm_notebook", "JupyterLab's new notebook, warm spare"),
 )
 # Per child: a smoke module takes seconds; a hung one must not hold CI.
 CHILD_TIMEOUT_S = {"smoke": 150.0, "full": 420.0}

@@ -189,4 +189,15 @@ def test_doctor_reports_each_mechanism(
     scrubbed = by_name["credential scrub"]["detail"]  # by name, never by value
     assert "GITHUB_PAT" in scrubbed and "SSH_AUTH_SOCK" in scrubbed and "SMTP_PASS" in scrubbed, scrubbed
     assert "PLAIN" not in scrubbed and "doctor-marker" not in json.dumps(report)
+    # Warm spares (JupyterLab): off unless asked for, and what each would cost idle. The session's
+    # kernelspecs set none, unless test_prewarm's (spares=1) is installed already: then it is named.
+    spares = report["spares"]
+    assert spares["spares"] == 0 and spares["idle_rss_bytes"] > 0, spares
+    on = {name: n for name, n in spares["kernelspecs"].items() if n > 0}
+    if on:
+        assert spares["detail"].startswith("on: off in the config files; set by the kernelspecs"), spares
+        assert all(f"{name} ({n})" in spares["detail"] for name, n in on.items()), spares
+    else:
+        assert spares["detail"].startswith("off (spares=0, the default)"), spares
+    assert " each (this kernel's tree, idle)" in spares["detail"], spares
     assert code == (0 if report["ok"] else 1)

@@ -14,7 +14,11 @@ from typing import Any
 
 from ivralo_kernel.host import Session, WorkerConfig
 from ivralo_kernel.host.broker import BrokerResponder
+from ivralo_kernel.host.observer import human_bytes
+from ivralo_kernel.host.prewarm import kernelspec_spares
+from ivralo_kernel.host.processes import tree_rss
 from ivralo_kernel.host.sandbox import availability, dotenv_kept_out
+from ivralo_kernel.host.settings import JupyterHostSettings, config_file_layers, resolve
 from ivralo_kernel.protocol import database_env_names, names, scrub
 from ivralo_kernel.protocol.credentials import RULE_FILE, ScrubRule, config_home, rule_problems
 
@@ -177,10 +181,37 @@ async def _probe(settings: tuple[str, ...], project: str | None = None) -> dict[
         async with Session(workspace=workspace, config=config) as session:
             result = await session.run("pass")
             info = dict(session.kernel_info.get(names.KERNEL_INFO_SECTION) or {})
+            idle_rss = tree_rss(session.supervisor_pid or session.pid)
     if not isinstance(result, str):
         return {"ok": False, "error": result["error"], "checks": []}
     checks = [*_checks(info), _scrub_check(os.getcwd(), info.get("layers", {})), _broker_check(os.getcwd())]
-    return {"ok": all(c["status"] == "ok" for c in checks), "kernel": info, "checks": checks}
+    report = {"ok": all(c["status"] == "ok" for c in checks), "kernel": info, "checks": checks}
+    return {**report, "spares": _spares_note(idle_rss)}
+
+
+def _spares_note(idle_rss: int | None) -> dict[str, Any]:
+    """Whether Jupyter's hosts keep warm spare kernels (``spares``), and what they cost idle: the config
+    files' value, and each installed kernelspec whose own provisioner config sets it (that one wins)."""
+    settings = resolve(JupyterHostSettings, config_file_layers()).settings
+    count = int(settings.spares)
+    specs = kernelspec_spares()
+    each = f"about {human_bytes(idle_rss)} each (this kernel's tree, idle)" if idle_rss else "one idle kernel each"
+    on_specs = ", ".join(f"{name} ({n})" for name, n in specs.items() if n > 0)
+    if count <= 0 and not on_specs:
+        text = (
+            "off (spares=0, the default): JupyterLab waits a kernel's cold start per notebook. "
+            f"spares=N keeps N ready per workspace, {each}, ended after spare_idle_ttl_seconds unused."
+        )
+    else:
+        where = f"{count} per workspace and kernelspec" if count > 0 else "off in the config files"
+        if on_specs:
+            where += f"; set by the kernelspecs {on_specs}"
+        text = (
+            f"on: {where}; sandboxed kernels only, after the workspace's first kernel; {each} of idle memory, "
+            f"ended after {settings.spare_idle_ttl_seconds:g} s unused; none starts below "
+            f"{human_bytes(settings.host_memory_reserve_bytes)} of free memory."
+        )
+    return {"spares": count, "kernelspecs": specs, "idle_rss_bytes": idle_rss, "detail": text}
 
 
 def doctor(as_json: bool, settings: tuple[str, ...] = (), project: str | None = None) -> int:
@@ -195,6 +226,7 @@ def doctor(as_json: bool, settings: tuple[str, ...] = (), project: str | None = 
     print(f"ivralo-kernel doctor: started a kernel (pid {kernel.get('pid')}, ready in {kernel.get('bootstrap_ms')} ms)")
     interpreter = kernel.get("interpreter") or {}
     print(f"  interpreter: {interpreter.get('choice', '?')}")
+    print(f"  warm spares (JupyterLab): {report['spares']['detail']}")
     for check in report["checks"]:
         mark = "ok  " if check["status"] == "ok" else "MISS"
         print(f"  [{mark}] {check['mechanism']:22} {check['detail']}")

@@ -61,6 +61,10 @@ class EgressProxy:
         self._listener.listen(64)
         self._closed = False
 
+    def redirect(self, decide: Decide) -> None:
+        """A new decider: the provisioner that adopted a spare kernel decides for its proxy now."""
+        self._decide = decide
+
     def start(self) -> None:
         threading.Thread(target=self._accept, name="ivralo-egress-proxy", daemon=True).start()
 

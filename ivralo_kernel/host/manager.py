@@ -28,6 +28,7 @@ class _OneSpecManager(KernelSpecManager):  # type: ignore[misc]
 
 class IvraloKernelManager(AsyncKernelManager):  # type: ignore[misc]
     kernel_name = Unicode(names.KERNEL_NAME)
+    ivralo_agent_host = True  # its WorkerPool keeps the agent API's spares: the provisioner's pool stays out
 
     @classmethod
     def for_spec(cls, spec: dict[str, Any], **kwargs: Any) -> IvraloKernelManager:

@@ -65,3 +65,14 @@ def find_in_tree(root: int, module: str) -> int | None:
         except psutil.Error:
             continue
     return None
+
+
+def tree_rss(pid: int | None) -> int | None:
+    """Resident memory of a process and everything under it (what a warm spare holds while it waits)."""
+    if pid is None:
+        return None
+    try:
+        root = psutil.Process(pid)
+        return int(sum(p.memory_info().rss for p in [root, *root.children(recursive=True)]))
+    except psutil.Error:
+        return None

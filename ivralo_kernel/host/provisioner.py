@@ -29,6 +29,7 @@ from jupyter_client.provisioning.local_provisioner import LocalProvisioner
 from traitlets.config import Config
 
 from ivralo_kernel import compat
+from ivralo_kernel.host import prewarm
 from ivralo_kernel.host.announce import answer_lost_execution
 from ivralo_kernel.host.broker import BrokerResponder
 from ivralo_kernel.host.channel_relay import ChannelRelay
@@ -39,6 +40,7 @@ from ivralo_kernel.host.egress_proxy import EgressProxy, Verdict
 from ivralo_kernel.host.escalation import DeadlinePolicy
 from ivralo_kernel.host.kernel_output import relay_output
 from ivralo_kernel.host.kernelspec import SUPERVISOR_MODULE
+from ivralo_kernel.host.prewarm import PER_KERNEL_ENV, SPARE_FLAG, Recipe, Spare, SpareKey, fingerprint
 from ivralo_kernel.host.processes import find_in_tree, host_pid
 from ivralo_kernel.host.sandbox import availability, dotenv_for_kernel, prepare_workspace
 from ivralo_kernel.host.sandbox_launch import SandboxFolder, kernel_connection, sandboxed_command
@@ -99,7 +101,14 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
     _sandbox_folder: SandboxFolder | None = None
     exchange_dir: str | None = None  # the namespace API's shared-memory folder (host.dataplane)
     _supervisor: int | None = None
+    _supervisor_process: psutil.Process | None = None  # the same, kept to end it if bwrap dies first
     _host_pipe: tuple[int, int] | None = None  # the sandbox's supervisor sees EOF when this process is gone
+    spare_key: SpareKey | None = None  # the warm-pool key of this provisioner's kernel (host.prewarm)
+    is_spare = False  # this kernel waits in the pool for a notebook
+    adopted_pid: int | None = None  # the spare kernel this provisioner took over, if it did
+    _launched = False  # a first launch may adopt a spare; a restart launches a fresh kernel
+    _adopting: Spare | None = None
+    _spare_env: dict[str, str] | None = None
 
     def policy_for(self, cwd: str) -> KernelPolicy:
         return KernelPolicy(
@@ -134,6 +143,14 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
         )
 
     async def pre_launch(self, **kwargs: Any) -> dict[str, Any]:
+        spare_of = kwargs.pop(SPARE_FLAG, None)
+        self.is_spare = spare_of is not None
+        if not self._launched:
+            self._launched = True
+            self.spare_key = self._spare_key_for(kwargs) if (self.spares > 0 or self.is_spare) else None
+            spare = prewarm.POOL.take(self.spare_key) if self.spare_key is not None and not self.is_spare else None
+            if spare is not None:
+                return await self._adopt(spare, kwargs)
         policy = self.policy_for(str(kwargs.get("cwd") or os.getcwd()))
         bwrap = self._choose_sandbox()
         if bwrap is not None and self._sandbox_folder is None:
@@ -186,7 +203,7 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
         env[names.ENV_EXCHANGE_DIR] = self.exchange_dir
         kwargs["env"] = env
         kwargs["cwd"] = policy.workspace
-        self._supervisor = None
+        self._supervisor = self._supervisor_process = None
         # The host's pipe to the supervisor: EOF when this process is gone, and the deadline backstop's
         # lines, which only we can write (both ends close-on-exec; only the read end is passed on).
         if self._host_pipe is None:
@@ -286,6 +303,9 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
             return int(process.pid)
         if self._supervisor is None:
             self._supervisor = find_in_tree(process.pid, SUPERVISOR_MODULE)
+            if self._supervisor is not None:
+                with contextlib.suppress(psutil.Error):
+                    self._supervisor_process = psutil.Process(self._supervisor)
         return self._supervisor
 
     def host_pid(self, kernel_pid: int) -> int:
@@ -305,7 +325,78 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
         os.chmod(path, stat.S_IRUSR)  # the kernel reads it; nothing should rewrite it
         return path
 
+    def _spare_key_for(self, kwargs: dict[str, Any]) -> SpareKey | None:
+        """This launch's warm-pool key: None where a spare could not stand for it (the agent API's
+        managers keep their own pool; without a sandbox the kernel binds the clients' ports itself)."""
+        km = self.parent
+        if km is None or getattr(km, "ivralo_agent_host", False) or self.sandbox == "off":
+            return None
+        policy = self.policy_for(str(kwargs.get("cwd") or os.getcwd()))
+        env = {k: v for k, v in dict(kwargs.get("env") or os.environ).items() if k not in PER_KERNEL_ENV}
+        self._spare_env = env
+        spec = self.kernel_spec.to_dict() if self.kernel_spec is not None else None
+        session = getattr(km, "session", None)
+        digest = fingerprint(
+            self.kernel_settings(),
+            policy.to_json(),
+            spec,
+            env,
+            getattr(km, "transport", None),
+            getattr(km, "ip", None),
+            getattr(session, "signature_scheme", None),
+            str(getattr(km, "transport_encryption", "")),
+        )
+        return SpareKey(policy.workspace, str(getattr(km, "kernel_name", "") or ""), digest)
+
+    async def _adopt(self, spare: Spare, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """Take a spare's kernel and every guard around it; the clients' channels are relayed to its
+        sockets. The new kernel's connection file carries the spare's key (its kernel checks it)."""
+        other = spare.provisioner
+        if other.watchdog is not None:
+            other.watchdog.stop()  # ours starts in post_launch, on the new clients' channels
+            other.watchdog = None
+        km = self.parent
+        assert km is not None
+        km.session.key = other.connection_info["key"]
+        kwargs = await super().pre_launch(**kwargs)  # the connection file: the new ports, the spare's key
+        for name in ADOPTED:
+            setattr(self, name, getattr(other, name))
+            setattr(other, name, None)
+        if other.relay is not None:
+            other.relay.close()  # it bound the spare manager's ports
+            other.relay = None
+        self.relay = ChannelRelay(dict(self.connection_info), dict(self._kernel_side or {}), watch_requests=True)
+        self.relay.start()
+        if self.egress_proxy is not None:
+            self.egress_proxy.redirect(self._decide_egress)
+        self._adopting = spare
+        self.adopted_pid = int(self.process.pid) if self.process is not None else None
+        self.log.info("ivralo: a warm spare kernel (pid %s) serves this notebook", self.adopted_pid)
+        return kwargs
+
+    def _want_spares(self) -> None:
+        """After a notebook's kernel starts: keep ``spares`` more of its kind ready."""
+        km, key = self.parent, self.spare_key
+        if key is None or self.is_spare or self.spares <= 0 or not self.sandboxed or km is None:
+            return
+        prewarm.POOL.want(
+            key,
+            Recipe(
+                kernel_name=key.kernel_name,
+                kernel_spec_manager=getattr(km, "kernel_spec_manager", None),
+                config=km.config,
+                env=dict(self._spare_env or {}),
+                cwd=key.workspace,
+                target=self.spares,
+                ttl_s=self.spare_idle_ttl_seconds,
+                reserve_bytes=self.host_memory_reserve_bytes,
+                log=self.log,
+            ),
+        )
+
     async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> Any:
+        if self._adopting is not None:  # the spare's kernel runs already
+            return self.connection_info
         # Pipes, never the host's own descriptors: code in the kernel could otherwise write, seek or
         # truncate the file the host logs to, or send a terminal's ioctls to the person's terminal.
         kwargs["stdout"] = kwargs["stderr"] = subprocess.PIPE
@@ -317,6 +408,10 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
     async def post_launch(self, **kwargs: Any) -> None:
         await super().post_launch(**kwargs)
         self._start_watchdog()
+        if self._adopting is not None:
+            prewarm.POOL.discard(self._adopting)  # its manager's files (connection file, control socket)
+            self._adopting = None
+        self._want_spares()
 
     def _start_watchdog(self) -> None:
         process = self.process
@@ -386,7 +481,7 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
             env[names.ENV_REPLACEMENT] = "1"  # it holds requests until its IOPub subscribers are back
             compat.adopt_process(self, launch_kernel(cmd, **{**kwargs, "env": env}))
             relay_output(self.process)
-            self._supervisor = None
+            self._supervisor = self._supervisor_process = None
             self.replacements += 1
             self.log.warning("ivralo: replaced the kernel after %s (%d so far)", loss.cause, self.replacements)
             self._start_watchdog()
@@ -400,7 +495,16 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
         can clean up and leaves ``setsid`` children behind.
         """
         process = self.process
-        if process is None or process.poll() is not None:
+        if process is None:
+            return
+        if process.poll() is not None:
+            # bwrap is gone; a supervisor we saw may not be (bwrap killed from outside): out of our
+            # tree now, it still holds the sandbox. psutil checks it is the same process.
+            orphan = self._supervisor_process
+            if orphan is not None:
+                with contextlib.suppress(psutil.Error):
+                    for proc in [*orphan.children(recursive=True), orphan]:
+                        proc.kill()
             return
         tree = self._tree_snapshot()
         with contextlib.suppress(ProcessLookupError):
@@ -431,13 +535,26 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
         if signum == signal.SIGKILL:
             await self.kill()
             return
-        supervisor = self.supervisor_pid() if self.sandboxed else None
-        if supervisor is not None:
-            # Not bwrap's group: bwrap itself would die of a SIGINT, and take the sandbox with it.
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(supervisor, signum)
+        if self.sandboxed:
+            # Never bwrap's group: bwrap dies of a SIGINT and leaves its sandbox behind, an orphan out of
+            # our tree that holds the kernel's output pipes. Before the supervisor runs (jupyter_client
+            # interrupts as the first step of every shutdown, often just after the start) no code of
+            # the person's runs either: nothing to signal.
+            supervisor = self.supervisor_pid()
+            if supervisor is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(supervisor, signum)
             return
         await super().send_signal(signum)
+
+    async def wait(self) -> int | None:
+        """LocalProvisioner.wait, without closing the kernel's stdout and stderr pipes: the output relay's
+        threads own them and close them at EOF. Closing a pipe a thread is reading waits for that read,
+        i.e. for every process holding the write end to end, and a shutdown must not hang on that."""
+        process = self.process
+        if process is not None:
+            process.stdout = process.stderr = None
+        return await super().wait()
 
     def _tree_snapshot(self) -> list[psutil.Process]:
         if not self.process:
@@ -485,6 +602,29 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
                     with contextlib.suppress(OSError):
                         os.close(fd)
                 self._host_pipe = None
+
+
+# What a provisioner takes over from the spare it adopts (the relay is rebuilt on the new ports).
+ADOPTED = (
+    "policy_file",
+    "broker_comm_id",
+    "broker",
+    "_launch_args",
+    "sandboxed",
+    "sandbox_reason",
+    "egress_proxy",
+    "_kernel_side",
+    "workspace_files",
+    "_sandbox_folder",
+    "exchange_dir",
+    "_supervisor",
+    "_supervisor_process",
+    "_host_pipe",
+    "process",
+    "pid",
+    "pgid",
+    "cwd",
+)
 
 
 def _ask_running_execution(watchdog: Watchdog) -> str | None:

@@ -258,6 +258,28 @@ class IvraloSettings(Configurable):  # type: ignore[misc]
         "reason and start a fresh kernel on the same ports, so the host's restarter does not count a "
         "death. Off for hosts that replace workers themselves (the agent API).",
     )
+    spares = Count(
+        0,
+        minimum=0,
+        config=True,
+        help="Warm spare kernels a Jupyter server keeps per workspace and kernelspec, already sandboxed and "
+        "guarded: opening a notebook takes one and another starts in the background. Each idles at about "
+        "a kernel's memory (doctor says how much); 0, the default, keeps none. Only sandboxed kernels are "
+        "kept (a spare is handed over by relaying the new kernel's ports to its own sockets). Filled after "
+        "the first kernel of a workspace starts. Agents' pool: prewarm_pool_size.",
+    )
+    spare_idle_ttl_seconds = Seconds(
+        1800.0,
+        config=True,
+        help="A spare kernel nobody took this long is ended (its whole tree), in seconds; the next kernel of "
+        "its workspace starts the pool again.",
+    )
+    host_memory_reserve_bytes = Count(
+        512 * MIB,
+        minimum=0,
+        config=True,
+        help="Memory the host keeps free: no new worker or spare kernel starts, and spares are evicted, below it.",
+    )
     grants = List(
         Unicode(),
         config=True,
@@ -336,12 +358,6 @@ class IvraloAgent(IvraloSettings):
     )
     namespace_timeout_ms = Count(
         10_000, config=True, help="How long a namespace request (get_var, ...) may take, in ms."
-    )
-    host_memory_reserve_bytes = Count(
-        512 * MIB,
-        minimum=0,
-        config=True,
-        help="Memory the host keeps free: no new worker starts, and spares are evicted, below it.",
     )
     max_workers = Count(8, config=True, help="The most workers the pool runs at once.")
     prewarm_pool_size = Count(0, minimum=0, config=True, help="Spare workers kept started and ready.")
