@@ -33,6 +33,12 @@ SHELL_AND_STDIN_IDENTITY = b"ivralo-relay"
 # ipc sockets appear when the kernel binds them, a moment after it starts: retry often.
 RECONNECT_IVL_MS = 10
 DELIMITER = b"<IDS|MSG>"
+# As ipykernel does on its own ROUTERs: a peer that connects with a routing identity already in use
+# takes it over. Without it libzmq keeps the first peer and ignores the newcomer's messages, and a
+# client's identity is its session id: JupyterLab reconnects to a Kernel Gateway with the same
+# session id while lab's gateway client leaves its first, failed attempt's socket open on the
+# gateway, so the live connection's requests were never read (status "Unknown" in the browser).
+HANDOVER_CHANNELS = ("shell", "stdin", "control")
 KEEP_REQUESTS = 256  # execute_request ids remembered (an execution's busy follows its request at once)
 
 
@@ -61,6 +67,8 @@ class ChannelRelay:
             inner = self._context.socket(inner_type)
             if channel in ("shell", "stdin"):
                 inner.setsockopt(zmq.IDENTITY, SHELL_AND_STDIN_IDENTITY)
+            if channel in HANDOVER_CHANNELS:
+                outer.setsockopt(zmq.ROUTER_HANDOVER, 1)
             if channel == "iopub":
                 outer.setsockopt(zmq.XPUB_VERBOSE, 1)  # every client's subscription, not only the first
             inner.setsockopt(zmq.RECONNECT_IVL, RECONNECT_IVL_MS)
