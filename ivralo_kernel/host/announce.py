@@ -62,6 +62,7 @@ def answer_lost_execution(
     iopub.setsockopt(zmq.XPUB_VERBOSE, 1)  # see every subscriber come back, not only the first
     shell = context.socket(zmq.ROUTER)
     shell.setsockopt(zmq.ROUTER_MANDATORY, 1)  # raise, rather than drop, while the peer reconnects
+    shell.setsockopt(zmq.ROUTER_HANDOVER, 1)  # as the kernel's own (channel_relay.HANDOVER_CHANNELS)
     try:
         iopub.bind(channel_url(info, "iopub"))
         shell.bind(channel_url(info, "shell"))
