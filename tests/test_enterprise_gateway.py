@@ -11,6 +11,7 @@ on this machine; docs/remote.md says so.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -66,7 +67,8 @@ def remote_spec(prefix: Path) -> None:
 
 
 @pytest.fixture
-def gateway(tmp_path: Path, workspace: Path) -> Iterator[str]:
+def gateway(tmp_path: Path, workspace: Path) -> Iterator[tuple[str, int]]:
+    """Enterprise Gateway on loopback: (its URL, its pid)."""
     if not EG_PYTHON.exists():
         if os.environ.get("CI"):
             pytest.fail(f"{EG_PYTHON} is missing: `make test` creates it (make .venv-eg/.installed)")
@@ -107,7 +109,7 @@ def gateway(tmp_path: Path, workspace: Path) -> Iterator[str]:
 
     try:
         wait_until(up, 30, "Enterprise Gateway's /api")
-        yield url
+        yield url, eg.pid
     finally:
         os.killpg(eg.pid, signal.SIGTERM)
         try:
@@ -173,30 +175,30 @@ def text_of(outputs: list[dict[str, Any]]) -> str:
     return "\n".join(parts)
 
 
-def launched_tree(gateway_pid_children: list[psutil.Process]) -> tuple[int, int]:
-    """The launcher (EG's child) and the kernel process under it, by this machine's pids."""
-    for launcher in gateway_pid_children:
-        if str(LAUNCHER) in launcher.cmdline():
-            for process in launcher.children(recursive=True):
-                if "ivralo_kernel.kernel" in process.cmdline():
-                    return launcher.pid, process.pid
+def launched_tree(gateway_pid: int) -> tuple[int, int]:
+    """The launcher (the gateway's child) and the kernel process under it, by this machine's pids."""
+    for process in psutil.Process(gateway_pid).children(recursive=True):
+        with contextlib.suppress(psutil.Error):  # a process that just ended
+            if str(LAUNCHER) in process.cmdline():
+                for child in process.children(recursive=True):
+                    with contextlib.suppress(psutil.Error):
+                        if "ivralo_kernel.kernel" in child.cmdline():
+                            return process.pid, child.pid
     raise AssertionError("no launcher with a kernel under Enterprise Gateway")
 
 
-def test_enterprise_gateway_runs_ivralo_through_its_remote_handshake(gateway: str, workspace: Path) -> None:
+def test_enterprise_gateway_runs_ivralo_through_its_remote_handshake(gateway: tuple[str, int], workspace: Path) -> None:
+    url, gateway_pid = gateway
     started = requests.post(
-        f"{gateway}/api/kernels",
+        f"{url}/api/kernels",
         json={"name": SPEC_NAME, "env": {"KERNEL_USERNAME": "tester"}},  # EG refuses kernels for root
         headers=HEADERS,
         timeout=60,
     )
     assert started.status_code == 201, started.text
     kernel_id = started.json()["id"]
-    channels = Channels(gateway, kernel_id)
-    eg_process = next(
-        p for p in psutil.Process().children(recursive=True) if "enterprise_gateway" in " ".join(p.cmdline())
-    )
-    launcher, kernel = launched_tree(eg_process.children())
+    channels = Channels(url, kernel_id)
+    launcher, kernel = launched_tree(gateway_pid)
     try:
         reply, outputs = channels.execute("x = 41\nx + 1")
         assert reply["status"] == "ok", outputs
@@ -224,13 +226,13 @@ def test_enterprise_gateway_runs_ivralo_through_its_remote_handshake(gateway: st
         sleeping = channels.send("import time; time.sleep(60)")
         while channels.next_of(sleeping, 30)["msg_type"] != "execute_input":
             pass
-        interrupted = requests.post(f"{gateway}/api/kernels/{kernel_id}/interrupt", headers=HEADERS, timeout=30)
+        interrupted = requests.post(f"{url}/api/kernels/{kernel_id}/interrupt", headers=HEADERS, timeout=30)
         assert interrupted.status_code == 204, interrupted.text
         reply, outputs = channels.finish(sleeping)
         assert reply["status"] == "error"
         assert reply["ename"] == "KeyboardInterrupt"
     finally:
         channels.close()
-        deleted = requests.delete(f"{gateway}/api/kernels/{kernel_id}", headers=HEADERS, timeout=30)
+        deleted = requests.delete(f"{url}/api/kernels/{kernel_id}", headers=HEADERS, timeout=30)
     assert deleted.status_code == 204, deleted.text
     wait_until(lambda: gone(launcher) and gone(kernel), 20, "the launcher and the kernel to end")
