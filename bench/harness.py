@@ -61,8 +61,6 @@ MODULES: tuple[tuple[str, str], ...] = (
     ("idle_rss", "memory per kernel"),
     ("broker", "credential broker"),
     ("sandbox_cost", "egress proxy"),
-    # Slot: the DataFrame transport bench is written on another branch. Until it lands (with a
-    # ``harness(ctx)``), it is skipped with a note, and the run still succeeds.
     ("dataframe_transfer", "DataFrame transport"),
     ("effects_cost", "the effects report's cost"),
     ("warm_pool", "warm pool"),
