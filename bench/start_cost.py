@@ -131,8 +131,8 @@ def many_at_once(bench: Bench, kind: str, count: int) -> dict[str, float]:
         t0 = time.perf_counter()
         ready.wait()
         all_ready = (time.perf_counter() - t0) * 1000
-        if errors:
-            raise errors[0]
+        if errors:  # say which kind: plain kernels started at once can race for TCP ports
+            raise RuntimeError(f"{len(errors)} of {count} {kind} kernels started at once failed") from errors[0]
         uss = sum(tree_uss(launched_pid(km)) for km in managers)
         cpu = sum(tree_cpu_ms(launched_pid(km)) for km in managers)
     finally:

@@ -68,3 +68,36 @@ def test_a_client_reusing_a_routing_identity_takes_it_over(tmp_path: Path, chann
     finally:
         relay.close()
         context.destroy(linger=0)
+
+
+def test_the_relay_connects_to_each_channel_once_the_kernel_binds_it(tmp_path: Path) -> None:
+    """Started before the kernel (as at every launch): a client's request waits in the relay and
+    reaches the kernel once it binds, without libzmq retrying a missing socket file meanwhile."""
+    clients, kernel_side = ipc_info(tmp_path / "clients"), ipc_info(tmp_path / "kernel")
+    context = zmq.Context()
+    context.setsockopt(zmq.LINGER, 0)
+    relay = ChannelRelay(clients, kernel_side)
+    relay.start()
+    try:
+        deadline = time.monotonic() + 10
+        client = context.socket(zmq.DEALER)
+        client.connect(channel_url(clients, "control"))
+        client.send(b"early")
+        kernel = context.socket(zmq.ROUTER)
+        kernel.bind(channel_url(kernel_side, "control"))  # only now does the kernel's file exist
+        request = receive(kernel, deadline)
+        assert request is not None and request[-1] == b"early", request
+        kernel.send_multipart([*request[:-1], b"reply"])
+        assert receive(client, deadline) == [b"reply"]
+    finally:
+        relay.close()
+        context.destroy(linger=0)
+
+
+def test_a_relay_whose_kernel_never_bound_closes_at_once(tmp_path: Path) -> None:
+    """A kernel that died before binding: close() must not wait on sockets no thread took."""
+    relay = ChannelRelay(ipc_info(tmp_path / "clients"), ipc_info(tmp_path / "kernel"))
+    relay.start()
+    t0 = time.monotonic()
+    relay.close()
+    assert time.monotonic() - t0 < 2

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import threading
 from collections import OrderedDict
 from typing import Any
@@ -30,8 +31,14 @@ from ivralo_kernel.protocol.processes import channel_url
 
 # Towards the kernel, shell and stdin are one peer (see above).
 SHELL_AND_STDIN_IDENTITY = b"ivralo-relay"
-# ipc sockets appear when the kernel binds them, a moment after it starts: retry often.
+# After a restart the kernel binds its ipc sockets again: reconnect to them soon.
 RECONNECT_IVL_MS = 10
+# At the start the relay connects only once the kernel has bound all of them (their files exist),
+# checked this often. libzmq's own retry of a missing ipc file costs a socket, a failed connect and
+# a timer in its I/O thread per channel per retry: with 16 kernels starting at once on 2 cores, those
+# 8,000 retries a second were the largest part of the host's CPU and made them 1.3x slower to all
+# be ready than plain ipykernel. One stat of a path per relay per tick is all this costs.
+BIND_CHECK_S = 0.01
 DELIMITER = b"<IDS|MSG>"
 # As ipykernel does on its own ROUTERs: a peer that connects with a routing identity already in use
 # takes it over. Without it libzmq keeps the first peer and ignores the newcomer's messages, and a
@@ -73,22 +80,52 @@ class ChannelRelay:
                 outer.setsockopt(zmq.XPUB_VERBOSE, 1)  # every client's subscription, not only the first
             inner.setsockopt(zmq.RECONNECT_IVL, RECONNECT_IVL_MS)
             outer.bind(channel_url(client_side, channel))
-            inner.connect(channel_url(kernel_side, channel))
             self._pairs.append((channel, outer, inner))
+        self._kernel_side = kernel_side
+        self._closing = threading.Event()
+        self._steers: list[zmq.Socket[Any]] = []
+        self._connector: threading.Thread | None = None
+        self._started: set[int] = set()
 
     def start(self) -> None:
-        for n, (channel, outer, inner) in enumerate(self._pairs):
+        """Relay from the moment the kernel has bound its sockets (at once if it has: an adopted
+        spare, a restart's new relay). Clients' messages wait in the relay until then."""
+        for n in range(len(self._pairs)):
             address = f"inproc://ivralo-relay-{id(self)}-{n}"
             command = self._context.socket(zmq.PAIR)
             command.bind(address)
             self._controls.append(command)
             steer = self._context.socket(zmq.PAIR)
             steer.connect(address)
-            run = self._shell if channel == "shell" and self._watch else _proxy
-            thread = threading.Thread(target=run, args=(outer, inner, steer), name=f"ivralo-relay-{channel}")
-            thread.daemon = True
-            thread.start()
-            self._threads.append(thread)
+            self._steers.append(steer)
+        self._connector = threading.Thread(target=self._connect_when_bound, name="ivralo-relay-connect", daemon=True)
+        self._connector.start()
+
+    def _connect_when_bound(self) -> None:
+        """Each channel, once the kernel has bound it: connect, and start the thread that relays it."""
+        waiting = list(range(len(self._pairs)))
+        while waiting:
+            with self._lock:  # close() decides under it which sockets the channels' threads own
+                if self._closing.is_set():
+                    return
+                for n in [n for n in waiting if _bound(self._kernel_urls()[n])]:
+                    self._start_channel(n)
+                    waiting.remove(n)
+            if waiting and self._closing.wait(BIND_CHECK_S):
+                return
+
+    def _start_channel(self, n: int) -> None:
+        channel, outer, inner = self._pairs[n]
+        inner.connect(self._kernel_urls()[n])
+        run = self._shell if channel == "shell" and self._watch else _proxy
+        thread = threading.Thread(target=run, args=(outer, inner, self._steers[n]), name=f"ivralo-relay-{channel}")
+        thread.daemon = True
+        thread.start()
+        self._threads.append(thread)
+        self._started.add(n)
+
+    def _kernel_urls(self) -> list[str]:
+        return [channel_url(self._kernel_side, channel) for channel, _, _ in self._pairs]
 
     def requested(self, msg_id: str) -> bool:
         """(any thread) Did a client send this execute_request? (Only with ``watch_requests``.)"""
@@ -96,10 +133,23 @@ class ChannelRelay:
             return msg_id in self._requests
 
     def close(self) -> None:
-        """Stop every channel's thread, then the sockets (each closed by its own thread)."""
-        for command in self._controls:
-            with contextlib.suppress(zmq.ZMQError):
-                command.send(b"TERMINATE")
+        """Stop every channel's thread, then the sockets (each closed by its own thread, or here if
+        the kernel never bound and no thread took them)."""
+        with self._lock:
+            self._closing.set()
+            started = set(self._started)
+        if self._connector is not None:
+            self._connector.join(timeout=5)
+        for n, (_, outer, inner) in enumerate(self._pairs):
+            if n not in started:
+                outer.close(linger=0)
+                inner.close(linger=0)
+                if n < len(self._steers):
+                    self._steers[n].close(linger=0)
+        for n, command in enumerate(self._controls):
+            if n in started:  # an unstarted channel's steer is closed: a PAIR send would block
+                with contextlib.suppress(zmq.ZMQError):
+                    command.send(b"TERMINATE")
         for thread in self._threads:
             thread.join(timeout=5)
         for command in self._controls:
@@ -140,6 +190,11 @@ class ChannelRelay:
                 self._requests[str(header.get("msg_id"))] = None
                 while len(self._requests) > KEEP_REQUESTS:
                     self._requests.popitem(last=False)
+
+
+def _bound(url: str) -> bool:
+    """Whether the kernel has bound this address (an ipc socket's file exists; tcp: assume so)."""
+    return not url.startswith("ipc://") or os.path.exists(url.removeprefix("ipc://"))
 
 
 def _proxy(outer: zmq.Socket[Any], inner: zmq.Socket[Any], steer: zmq.Socket[Any]) -> None:
