@@ -143,6 +143,24 @@ def test_dotenv_files_read_empty(workspace: Path) -> None:
     assert SECRET in (workspace / ".env").read_text(), "the file itself is untouched"
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root's sandbox is closed out of folders the host can enter")
+def test_a_dotenv_in_another_users_private_folder_does_not_stop_the_start(workspace: Path) -> None:
+    """A person starting from a folder that holds another user's private one (``/tmp`` with its
+    ``pytest-of-nobody``, ``/home``): the sandbox cannot enter it, so a mask of a ``.env`` in there
+    made bwrap fail and the kernel died before ``kernel_info``. Its ``.env`` stays out of reach."""
+    private = workspace / "theirs"
+    private.mkdir()
+    (private / ".env").write_text(f"ACME_API_KEY={SECRET}\n")
+    os.chown(private, 65534, 65534)
+    private.chmod(0o700)
+    (workspace / ".env").write_text(f"OTHER={SECRET}\n")
+    with started_kernel(SANDBOXED_KERNEL, workspace) as (_, client):
+        sh(client, "cat .env theirs/.env > leaked.txt 2>&1")
+    leaked = (workspace / "leaked.txt").read_text()
+    assert SECRET not in leaked
+    assert "theirs/.env: Permission denied" in leaked, leaked
+
+
 def test_the_hosts_process_environments_are_out_of_reach(sandboxed: BlockingKernelClient, workspace: Path) -> None:
     holder = subprocess.Popen(["sleep", "300"], env=dict(os.environ, ACME_API_KEY=SECRET))
     try:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import functools
 import os
 import shutil
+import stat
 import subprocess
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -128,16 +129,36 @@ def git_folders(workspace: str) -> list[str]:
 
 
 def env_files(workspace: str) -> list[str]:
+    """The ``.env`` files under the workspace that the sandbox could reach (each is masked inside)."""
     found: list[str] = []
     seen = 0
     for folder, dirs, files in os.walk(workspace):
         seen += 1
         if seen > ENV_SCAN_MAX_DIRS:
             break
-        dirs[:] = [d for d in dirs if d not in ENV_SCAN_SKIP]
+        dirs[:] = [d for d in dirs if d not in ENV_SCAN_SKIP and sandbox_can_enter(os.path.join(folder, d))]
         if names.DOTENV_FILE in files:
             found.append(os.path.join(folder, names.DOTENV_FILE))
     return found
+
+
+def sandbox_can_enter(folder: str) -> bool:
+    """Whether the sandboxed kernel can go into ``folder``, where the host can.
+
+    They differ only for root. bwrap maps root to root in a user namespace of its own, whose
+    capabilities cover only files owned by a mapped id: another user's private folder (``/tmp``'s
+    ``pytest-of-nobody``, a home folder with mode 0700) is closed to it. A ``.env`` in there needs
+    no mask, and a mask would fail the start: bwrap cannot make the mount point ("Can't mkdir
+    parents ...: Permission denied"). Everyone else's sandbox has the host's own access."""
+    if os.geteuid() != 0:
+        return True
+    try:
+        st = os.stat(folder)
+    except OSError:
+        return False
+    if st.st_uid == 0 or st.st_mode & stat.S_IXOTH:
+        return True
+    return bool(st.st_mode & stat.S_IXGRP) and st.st_gid in {0, *os.getgroups()}
 
 
 @dataclass
