@@ -171,3 +171,22 @@ def test_jupyterlab_runs_a_cell_in_an_ivralo_kernel_on_the_gateway(gateway: tupl
             assert find_in_tree(gateway[1], "ivralo_kernel.supervisor") is not None
         finally:
             browser.close()
+
+
+async def test_a_gateway_that_is_not_there_says_so_and_what_to_check() -> None:
+    """A loopback port nothing listens on: the call's error names the gateway (never its token) and
+    says what to check."""
+    import socket
+
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
+        port = closed.getsockname()[1]
+        session = Session(gateway_url=f"http://127.0.0.1:{port}/?token=not-a-real-token-7f3a")
+        try:
+            result = await session.run("1 + 1")
+        finally:
+            await session.close()
+    assert isinstance(result, dict) and result["status"] == "error", result
+    assert f"the gateway http://127.0.0.1:{port} did not answer" in result["error"], result
+    assert "jupyter-kernel-gateway runs there" in result["error"]
+    assert "not-a-real-token" not in str(result)

@@ -33,8 +33,8 @@ from ivralo_kernel.protocol.processes import channel_url
 SHELL_AND_STDIN_IDENTITY = b"ivralo-relay"
 # After a restart the kernel binds its ipc sockets again: reconnect to them soon.
 RECONNECT_IVL_MS = 10
-# At the start the relay connects only once the kernel has bound all of them (their files exist),
-# checked this often. libzmq's own retry of a missing ipc file costs a socket, a failed connect and
+# At the start the relay connects to each channel only once the kernel has bound it (its file
+# exists), checked this often. libzmq's own retry of a missing ipc file costs a socket, a failed connect and
 # a timer in its I/O thread per channel per retry: with 16 kernels starting at once on 2 cores, those
 # 8,000 retries a second were the largest part of the host's CPU and made them 1.3x slower to all
 # be ready than plain ipykernel. One stat of a path per relay per tick is all this costs.

@@ -485,7 +485,10 @@ class GatewayPool:
         try:
             response = await self._http.post(f"{self.base}/api/kernels", json={"name": self.kernel_name})
         except httpx.HTTPError as exc:
-            raise WorkerBootstrapError(f"the gateway {self.base} did not answer ({exc})") from None
+            raise WorkerBootstrapError(
+                f"the gateway {self.base} did not answer ({exc}). Check that jupyter-kernel-gateway runs "
+                "there and that gateway_url names its address and port"
+            ) from None
         if response.status_code != 201:
             raise WorkerBootstrapError(
                 f"the gateway {self.base} refused to start kernel {self.kernel_name!r}: HTTP {response.status_code} "
