@@ -99,3 +99,17 @@ def test_run_prints_what_each_cell_did(workspace: Path, capsys: pytest.CaptureFi
     assert len(lines) == 2, out
     assert "1 file created (out.csv)" in lines[0], lines
     assert "1 file created (shell.txt)" in lines[1] and "ran sh" in lines[1], lines
+
+
+async def test_the_peak_rss_counts_what_a_subprocess_holds(workspace: Path) -> None:
+    """A cell whose memory is in a child process (a tool, ``!sh``, a multiprocessing worker): the peak
+    is the tree's, not the kernel's alone."""
+    child = "b = b'x' * (200 << 20); import time; time.sleep(1)"
+    holds = f"import subprocess, sys\n_ = subprocess.run([sys.executable, '-c', {child!r}])"
+    async with Session(workspace=workspace) as session:
+        alone = (await session.run("1")).effects  # type: ignore[union-attr]
+        result = await session.run(holds)
+    assert alone is not None and result == "", result
+    effects = result.effects  # type: ignore[union-attr]
+    assert effects is not None
+    assert effects["peak_rss_bytes"] > alone["peak_rss_bytes"] + (150 << 20), (effects, alone)
