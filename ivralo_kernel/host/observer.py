@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import threading
 import time
 from collections import deque
@@ -19,6 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import psutil
+
+from ivralo_kernel.protocol.processes import children_by_parent, descendants_of
 
 GIB = 1 << 30
 
@@ -72,55 +73,10 @@ class ParentLinks:
         with self._lock:
             now = self._clock()
             if now - self._at > max_age_s:
-                self._children = _children_by_parent()
+                self._children = children_by_parent()
                 self._at = now
             children = self._children
-        found: list[int] = []
-        seen = {root_pid}
-        queue = deque([root_pid])
-        while queue:
-            for child in children.get(queue.popleft(), ()):
-                if child not in seen:  # a pid reused between two reads could make a cycle
-                    seen.add(child)
-                    found.append(child)
-                    queue.append(child)
-        return found
-
-
-def _children_by_parent() -> dict[int, list[int]]:
-    children: dict[int, list[int]] = {}
-    for pid, ppid in _parents().items():
-        children.setdefault(ppid, []).append(pid)
-    return children
-
-
-def _parents() -> dict[int, int]:
-    """Every process's parent, read from ``/proc/PID/stat`` (psutil's own way on Linux; its
-    ``ppid_map`` is private, so a port of it is here, with psutil as the fallback elsewhere)."""
-    if not os.path.isdir("/proc/self"):
-        return {p.pid: p.ppid() for p in psutil.process_iter() if _alive(p)}
-    parents: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                data = f.read()
-        except OSError:  # gone since the listing
-            continue
-        # after the command name, which may hold spaces and parentheses: "state ppid ..."
-        fields = data[data.rfind(b")") + 2 :].split()
-        if len(fields) > 1:
-            parents[int(entry)] = int(fields[1])
-    return parents
-
-
-def _alive(proc: psutil.Process) -> bool:
-    try:
-        proc.ppid()
-    except psutil.Error:
-        return False
-    return True
+        return descendants_of(root_pid, children)
 
 
 PARENT_LINKS = ParentLinks()

@@ -1,5 +1,6 @@
 """[protocol] Small facts about processes and channels that several rooms state the same way: how
-an exit is reported (the shell's 128 + signal convention) and the ZMQ address of a kernel channel."""
+an exit is reported (the shell's 128 + signal convention), the ZMQ address of a kernel channel, and
+who is whose child (one read of ``/proc``: the supervisor's tree kill and the host's watchdogs)."""
 
 from __future__ import annotations
 
@@ -35,3 +36,40 @@ def channel_url(info: Mapping[str, Any], channel: str) -> str:
     """The ZMQ address of one channel of a connection file (tcp: ip:port; ipc: a file named ip-port)."""
     transport, ip, port = info.get("transport", "tcp"), info.get("ip", "127.0.0.1"), info[f"{channel}_port"]
     return f"{transport}://{ip}:{port}" if transport == "tcp" else f"{transport}://{ip}-{port}"
+
+
+def children_by_parent(live_only: bool = False) -> dict[int, list[int]]:
+    """Every process's children, from one read of each ``/proc/PID/stat`` (Linux; empty elsewhere).
+    ``live_only``: zombies left out (they cannot be signalled again)."""
+    children: dict[int, list[int]] = {}
+    if not os.path.isdir("/proc/self"):
+        return children
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:  # gone between listdir and open
+            continue
+        # The command name is in parentheses and may itself contain spaces or ')'.
+        fields = stat[stat.rfind(b")") + 2 :].split()
+        if len(fields) < 2 or (live_only and fields[0] == b"Z"):
+            continue
+        children.setdefault(int(fields[1]), []).append(int(entry))
+    return children
+
+
+def descendants_of(root: int, children: Mapping[int, list[int]]) -> list[int]:
+    """``root``'s descendants in ``children`` (from ``children_by_parent``), breadth first, without
+    ``root``; a pid reused between two reads cannot make it loop."""
+    found: list[int] = []
+    seen = {root}
+    queue = [root]
+    for pid in queue:  # grows as it goes
+        for child in children.get(pid, ()):
+            if child not in seen:
+                seen.add(child)
+                found.append(child)
+                queue.append(child)
+    return found

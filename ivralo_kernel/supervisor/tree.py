@@ -12,39 +12,12 @@ import os
 import signal
 import time
 
-
-def _parent_map() -> dict[int, list[int]]:
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:  # gone between listdir and open
-            continue
-        # The command name is in parentheses and may itself contain spaces or ')'.
-        fields = stat[stat.rfind(b")") + 2 :].split()
-        state, ppid = fields[0], int(fields[1])
-        if state == b"Z":  # a zombie can't be killed again; reaping takes care of it
-            continue
-        children.setdefault(ppid, []).append(int(entry))
-    return children
+from ivralo_kernel.protocol.processes import children_by_parent, descendants_of
 
 
 def descendants(root: int) -> set[int]:
     """Live (non-zombie) descendants of ``root``."""
-    if not os.path.isdir("/proc"):  # pragma: no cover - non-Linux
-        return set()
-    children = _parent_map()
-    found: set[int] = set()
-    stack = [root]
-    while stack:
-        for child in children.get(stack.pop(), ()):
-            if child not in found:
-                found.add(child)
-                stack.append(child)
-    return found
+    return set(descendants_of(root, children_by_parent(live_only=True)))
 
 
 def reap_children() -> list[tuple[int, int]]:
