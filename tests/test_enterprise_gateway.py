@@ -17,6 +17,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -139,26 +140,33 @@ class Channels:
         return msg_id
 
     def next_of(self, msg_id: str, timeout: float) -> dict[str, Any]:
-        """The next message whose parent is ``msg_id``."""
-        self.ws.settimeout(timeout)
-        while True:
+        """The next message whose parent is ``msg_id``, within ``timeout`` seconds in all (the
+        server's websocket pings would otherwise restart a per-read timeout)."""
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            self.ws.settimeout(left)
             incoming: dict[str, Any] = json.loads(self.ws.recv())
             if incoming["parent_header"].get("msg_id") == msg_id:
                 return incoming
+        raise AssertionError(f"no message for {msg_id} within {timeout} s")
 
     def finish(self, msg_id: str, timeout: float = 30) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-        """The execute_reply's content and the cell's IOPub outputs, once the kernel is idle again."""
+        """The execute_reply's content and the cell's IOPub outputs, once the kernel is idle again.
+        The reply (shell) and the idle status (IOPub) come on different channels, in either order."""
+        deadline = time.monotonic() + timeout
         reply: dict[str, Any] | None = None
+        idle = False
         outputs = []
-        while True:
-            incoming = self.next_of(msg_id, timeout)
+        while reply is None or not idle:
+            incoming = self.next_of(msg_id, max(0.01, deadline - time.monotonic()))
             kind = incoming["msg_type"]
             if kind == "execute_reply":
                 reply = incoming["content"]
             elif kind in ("stream", "execute_result", "error"):
                 outputs.append(incoming["content"])
-            elif kind == "status" and incoming["content"]["execution_state"] == "idle" and reply is not None:
-                return reply, outputs
+            elif kind == "status" and incoming["content"]["execution_state"] == "idle":
+                idle = True
+        return reply, outputs
 
     def execute(self, code: str, timeout: float = 30) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         return self.finish(self.send(code), timeout)
