@@ -11,6 +11,11 @@
   error, a timeout or a killed worker, no file is left.
 * **Decoding** parses only JSON, ``.npy`` without objects, and Arrow IPC: nothing that can run code
   the kernel chose. ``pickle`` is never used.
+* **Nothing the kernel says is trusted**: the size it declares is checked against the host's cap
+  (``transfer_cap_bytes``, by default the kernel's memory limit, and what the host can spare) before
+  a byte is reserved (``checked_size``), the length it says it wrote against the segment, and an
+  Arrow stream is validated in full (every offset, every UTF-8 string) before it is converted: one
+  out-of-order string offset once killed the host with SIGSEGV in ``to_pandas()``.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import math
 import mmap
 import os
 import secrets
@@ -25,6 +31,7 @@ import tempfile
 from typing import Any
 
 from ivralo_kernel.protocol import names
+from ivralo_kernel.protocol.policy import default_memory_limit
 from ivralo_kernel.protocol.tables import ARROW_EXTRA, release, unrepresentable
 
 SHM = "/dev/shm"  # noqa: S108 - the machine's tmpfs for shared memory; each kernel gets its own folder in it
@@ -38,6 +45,44 @@ class ArrowMissingError(ImportError):
 
 class UnsupportedValueError(TypeError):
     """The value cannot leave the kernel in a form the host parses without running the kernel's code."""
+
+
+class TransferRefusedError(ValueError):
+    """What the kernel declared or sent for a transfer is refused: more bytes than the host takes, no
+    size at all, or data that is not valid. Nothing was reserved or converted; the worker is untouched."""
+
+
+def transfer_cap(setting: int | None, memory_limit: int | None) -> int:
+    """The most bytes one transfer from the kernel may take: the setting, else the kernel's memory
+    limit (a value the kernel holds fits in it; a larger declaration is not the truth)."""
+    if setting is not None:
+        return setting
+    return memory_limit if memory_limit is not None else default_memory_limit()
+
+
+def checked_size(operation: str, answer: dict[str, Any], key: str, cap: int, why: str) -> int:
+    """The size the kernel's ``answer`` gives under ``key``, once it is a size within ``cap`` (``why``
+    says where the cap comes from). Checked before anything is reserved: the kernel's code answers."""
+    size = answer.get(key) if isinstance(answer, dict) else None
+    if type(size) is not int or size < 0:
+        raise TransferRefusedError(
+            f"{operation}: the kernel's answer gives no size ({key}={size!r}), so nothing was transferred. Code in "
+            "the kernel may have replaced its data plane; restart the worker if this repeats"
+        )
+    if size > cap:
+        raise TransferRefusedError(
+            f"{operation}: the kernel declares {_human(size)} ({size} bytes), more than the host takes in one "
+            f"transfer: {_human(cap)}, {why}. Nothing was reserved. Bring the value over in parts (df.iloc[a:b]), "
+            "or raise WorkerConfig(transfer_cap_bytes=...) if the host has the memory"
+        )
+    return size
+
+
+def _human(size: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", _MIB), ("KiB", 1 << 10)):
+        if size >= scale:
+            return f"{size / scale:.1f} {unit}"
+    return f"{size} B"
 
 
 def require_arrow(operation: str) -> Any:
@@ -206,8 +251,16 @@ def decode_segment(envelope: dict[str, Any], segment: mmap.mmap | bytearray, len
 
 
 def _from_ipc(pa: Any, envelope: dict[str, Any], data: Any) -> Any:
-    table = pa.ipc.open_stream(data).read_all()
-    table.validate()
+    try:
+        table = pa.ipc.open_stream(data).read_all()
+        # In full: offsets in order and within their buffers, UTF-8 valid, dictionary indices in range.
+        # The cheap validate() checks only buffer sizes, and to_pandas() trusts the rest (a SIGSEGV).
+        table.validate(full=True)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, pa.ArrowIndexError) as exc:
+        raise TransferRefusedError(
+            f"the Arrow data the kernel wrote is not valid ({exc}), so it was not converted. Code in the kernel "
+            "may have written it; restart the worker if this repeats"
+        ) from None
     kind = envelope.get("as")
     if kind == "pandas.DataFrame":
         return table.to_pandas()
@@ -231,7 +284,12 @@ def _read_npy(view: memoryview, length: int) -> Any:
     shape, fortran, dtype = reader(head)  # a literal, parsed without eval; allow_pickle is never on
     if dtype.hasobject:
         raise UnsupportedValueError(f"the kernel sent a numpy array of dtype {dtype}, which holds Python objects")
-    count = int(numpy.prod(shape, dtype=numpy.int64))
+    count = math.prod(shape)
+    if head.tell() + count * dtype.itemsize > length:
+        raise TransferRefusedError(
+            f"the kernel's .npy header says {shape} of {dtype} ({count * dtype.itemsize} bytes), more than the "
+            f"{length} bytes it wrote, so it was not read. Code in the kernel may have written it"
+        )
     flat = numpy.frombuffer(view, dtype=dtype, count=count, offset=head.tell())
     array = flat.reshape(shape, order="F" if fortran else "C").copy(order="K")
     del flat

@@ -29,11 +29,14 @@ from ivralo_kernel.host.code_gate import DONE_WITH_ERRORS, gate_refusal, is_refu
 from ivralo_kernel.host.config import WorkerConfig
 from ivralo_kernel.host.dataplane import (
     Exchange,
+    TransferRefusedError,
     as_table,
+    checked_size,
     decode_inline,
     decode_segment,
     ipc_size,
     require_arrow,
+    transfer_cap,
     write_ipc,
 )
 from ivralo_kernel.host.escalation import Phase
@@ -47,7 +50,7 @@ from ivralo_kernel.host.namespace import (
     WorkerGone,
 )
 from ivralo_kernel.host.outputs import CellOutput, effects_in, error_result, lost_names_message, with_effects
-from ivralo_kernel.host.pool import HostMemoryError, WorkerPool, WorkerPoolExhaustedError
+from ivralo_kernel.host.pool import HostMemoryError, WorkerPool, WorkerPoolExhaustedError, available_memory
 from ivralo_kernel.host.test_runs import RUNNERS, run_report, runner_cell
 from ivralo_kernel.host.watchdog import Watchdog
 from ivralo_kernel.host.worker import Worker
@@ -485,24 +488,39 @@ class Session:
     async def _fetch(self, call: NamespaceCall, name: str, *, tables_only: bool, or_repr: bool) -> Any:
         asked = f"{DATAPLANE}.prepare({name!r}, {tables_only}, {or_repr})"
         envelope = json.loads(await call.value(asked))
+        if not isinstance(envelope, dict) or envelope.get("kind") not in ("json", "repr", "arrow", "npy"):
+            raise TransferRefusedError(f"{call.operation}: the kernel's answer is not one of its data plane's")
         if envelope["kind"] in ("json", "repr"):
             return decode_inline(envelope)
         if envelope["kind"] == "arrow":
             require_arrow(call.operation)
+        cap, why = self._transfer_cap()
         if isinstance(call.worker, GatewayWorker):  # no shared memory: binary buffers on the websocket
-            return await fetch_remote(call, envelope)
+            return await fetch_remote(call, envelope, cap, why)
         exchange = self._exchange(call.worker)
-        path, capacity = exchange.reserve(int(envelope["size"]))
+        path, capacity = exchange.reserve(checked_size(call.operation, envelope, "size", cap, why))
         try:
             written = json.loads(await call.value(f"{DATAPLANE}.write({path!r}, {capacity})"))
+            length = checked_size(call.operation, written, "size", capacity, "the segment the host reserved")
             segment = exchange.segment
             assert segment is not None
-            return await asyncio.to_thread(decode_segment, envelope, segment, int(written["size"]))
+            return await asyncio.to_thread(decode_segment, envelope, segment, length)
         except BaseException:
             exchange.discard()  # a late answer may still write: into a segment nobody reads again
             raise
         finally:
             exchange.settle()
+
+    def _transfer_cap(self) -> tuple[int, str]:
+        """(the most bytes one transfer from the kernel may take, where that number comes from)."""
+        c = self.config
+        cap = transfer_cap(c.transfer_cap_bytes, c.memory_limit_bytes)
+        why = "transfer_cap_bytes" if c.transfer_cap_bytes is not None else "the kernel's memory limit"
+        spare = available_memory() - c.host_memory_reserve_bytes
+        if spare < cap:
+            reserve = c.host_memory_reserve_bytes
+            return max(0, spare), f"what the host has available less host_memory_reserve_bytes={reserve}"
+        return cap, why
 
     async def set_var(self, name: str, value: Any) -> None:
         """Bind ``name`` in the namespace to a JSON-serialisable ``value``."""
