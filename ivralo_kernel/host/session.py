@@ -41,6 +41,7 @@ from ivralo_kernel.host.dataplane import (
 )
 from ivralo_kernel.host.escalation import Phase
 from ivralo_kernel.host.gateway import GatewayPool, GatewayWorker, RemoteDeadline, fetch_remote, inject_remote
+from ivralo_kernel.host.history_ledger import HistoryRecorder
 from ivralo_kernel.host.history_store import HistoryError, HistoryStore, entry_dict, parse_time
 from ivralo_kernel.host.namespace import (
     DATAPLANE,
@@ -201,6 +202,9 @@ class Session:
             finally:
                 worker.busy = False
                 worker.last_used = time.monotonic()
+            recorder = self._history_recorder()
+            if recorder is not None and recorder.changed():  # its copies recorded before the caller looks
+                await asyncio.to_thread(recorder.record)
             return with_effects(self._with_notes(result, worker), self._effects)
 
     async def _ensure_started(self) -> AnyWorker:
@@ -589,9 +593,10 @@ class Session:
         """The workspace's kept copies (the write guard's, before a cell changed a file), newest first:
         ``{"id", "time", "path", "operation", "size", "copy"}``; only those of ``path`` (a file, or the
         files under a folder; relative to the workspace) if given. Read by the host: the kernel never can."""
-        store = HistoryStore(self.workspace)
+        store = HistoryStore(self.workspace, self.config.tool_files)
 
         def listed() -> list[dict[str, Any]]:
+            self._record_history()
             return [entry_dict(store, e) for e in store.listing(path, base=store.workspace)]
 
         return await asyncio.to_thread(listed)
@@ -606,9 +611,10 @@ class Session:
                 "this session's role is readonly, so it changes no files, restores included. Ask the person to "
                 "restore it: ivralo-kernel history restore ID"
             )
-        store = HistoryStore(self.workspace)
+        store = HistoryStore(self.workspace, self.config.tool_files)
 
         def restored() -> dict[str, Any]:
+            self._record_history()
             if at is not None:
                 entry = store.at(target, parse_time(at), base=store.workspace)
             else:
@@ -616,6 +622,19 @@ class Session:
             return store.restore(entry, force=force, force_flag="force=True").as_dict()
 
         return await asyncio.to_thread(restored)
+
+    def _history_recorder(self) -> HistoryRecorder | None:
+        """The host's recorder of the worker's history (its provisioner's), if it has one here."""
+        provisioner = getattr(getattr(self._worker, "km", None), "provisioner", None)
+        recorder = getattr(provisioner, "history_recorder", None)
+        return recorder if isinstance(recorder, HistoryRecorder) else None
+
+    def _record_history(self) -> None:
+        """What the worker's write guard copied, recorded now by its host (its provisioner's recorder
+        also does, on a thread of its own, when a cell ends)."""
+        recorder = self._history_recorder()
+        if recorder is not None:
+            recorder.record()
 
     def _exchange(self, worker: Worker) -> Exchange:
         if worker.exchange is None:
