@@ -306,3 +306,33 @@ async def test_arrow_data_the_kernel_forged_is_validated_in_full_before_it_is_co
         assert "non-monotonic offset" in str(refused.value), refused.value
         assert segments_left(folder) == []
         assert await session.run("print(len(df))") == "2\n"
+
+
+# The kernel truncates the segment the host reserved (through a descriptor of its own, before anything
+# maps it) and says it wrote a megabyte: a host that mapped the segment would die of SIGBUS touching it.
+TRUNCATED = """
+import json, os
+real = _ivralo_dataplane
+class Forged:
+    def __getattr__(self, name):
+        return getattr(real, name)
+    def write(self, path, capacity):
+        fd = os.open(path, os.O_RDWR)
+        os.ftruncate(fd, 0)
+        os.close(fd)
+        return json.dumps({"size": 1 << 20})
+_ivralo_dataplane = Forged()
+"""
+
+
+async def test_a_segment_the_kernel_truncates_does_not_kill_the_host(workspace: Path) -> None:
+    """Landlock's truncate right (ABI 3, Linux 6.2) refuses the truncate where it exists; without it
+    (older kernels, or landlock=False as here) the host's own reads must hold: it never maps."""
+    async with Session(workspace=workspace, config=WorkerConfig(landlock=False)) as session:
+        # 1.6 MB, made in the kernel: the get's segment is a fresh one, its file still there to open.
+        assert await session.run("import numpy as np, pandas as pd\ndf = pd.DataFrame({'x': np.arange(200_000)})") == ""
+        assert await session.run(TRUNCATED) == ""
+        with pytest.raises(TransferRefusedError, match="truncated from the kernel's side"):
+            await session.get_dataframe("df")
+        assert segments_left(exchange_dir(session)) == []
+        assert await session.run("print(len(df))") == "200000\n"

@@ -4,10 +4,12 @@
   one) and bound into the sandbox at the same path. It holds a file only while a segment waits for
   the kernel to map it.
 * **The exchange segment** (``Exchange``): the host creates it with its pages allocated, sized for a
-  transfer; the kernel maps it and unlinks it at once, and both keep their mapping, so the next
-  transfer that fits reuses the same pages (allocating fresh tmpfs pages costs more than copying into
-  them). A larger transfer gets a new segment; a call that fails or times out drops the segment (a
-  late kernel answer can only touch the old one). The host unlinks on every path too: after an
+  transfer; the kernel maps it and unlinks it at once; the kernel keeps its mapping and the host its
+  descriptor, so the next transfer that fits reuses the same pages (allocating fresh tmpfs pages
+  costs more than copying into them). The host never maps it (``pread``/``pwrite``): a file the
+  kernel truncates would raise SIGBUS in a process that touches its mapping. A larger transfer gets
+  a new segment; a call that fails or times out drops the segment (a late kernel answer can only
+  touch the old one). The host unlinks on every path too: after an
   error, a timeout or a killed worker, no file is left.
 * **Decoding** parses only JSON, ``.npy`` without objects, and Arrow IPC: nothing that can run code
   the kernel chose. ``pickle`` is never used.
@@ -24,7 +26,6 @@ import contextlib
 import io
 import json
 import math
-import mmap
 import os
 import secrets
 import tempfile
@@ -125,17 +126,21 @@ def clear_exchange_folder(folder: str) -> None:
 
 class Exchange:
     """One worker's exchange segment, on the host's side. Calls of a session never overlap, so one
-    segment serves them all in turn."""
+    segment serves them all in turn.
+
+    The host never maps it: it writes with ``pwrite`` and reads with ``pread`` into memory of its own.
+    The kernel holds the file too and can truncate it at any moment; a mapping of a truncated file
+    raises SIGBUS in whoever touches it (that would be the host's process), a read or write does not."""
 
     def __init__(self, folder: str) -> None:
         self.folder = folder
         self.path: str | None = None  # the segment's name, as the kernel knows it (maybe unlinked)
         self.capacity = 0
-        self.segment: mmap.mmap | None = None
+        self.fd: int | None = None
 
     def reserve(self, size: int) -> tuple[str, int]:
-        """A segment of at least ``size`` bytes, mapped here: (its path, its capacity)."""
-        if self.segment is None or size > self.capacity:
+        """A segment of at least ``size`` bytes, its pages allocated: (its path, its capacity)."""
+        if self.fd is None or size > self.capacity:
             self.discard()
             # Grown by a quarter at least, so a series of slowly growing transfers reuses it.
             capacity = max(-(-max(size, 1) // _MIB) * _MIB, self.capacity + self.capacity // 4)
@@ -143,20 +148,42 @@ class Exchange:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
             try:
                 os.posix_fallocate(fd, 0, capacity)  # its pages now, not one fault at a time later
-                flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
-                self.segment = mmap.mmap(fd, capacity, flags=flags)
             except BaseException:
+                os.close(fd)
                 _unlink(path)
                 raise
-            finally:
-                os.close(fd)
-            self.path, self.capacity = path, capacity
+            self.fd, self.path, self.capacity = fd, path, capacity
         assert self.path is not None
         return self.path, self.capacity
 
-    def view(self) -> memoryview:
-        assert self.segment is not None
-        return memoryview(self.segment)
+    def write_table(self, table: Any) -> int:
+        """Write ``table``'s Arrow IPC stream at the segment's start: its length."""
+        pa = require_arrow("inject_dataframe")
+        assert self.fd is not None
+        with os.fdopen(os.dup(self.fd), "r+b") as segment:
+            segment.seek(0)
+            with pa.ipc.new_stream(pa.PythonFile(segment, mode="w"), table.schema) as writer:
+                writer.write_table(table)
+            segment.flush()
+            return int(segment.tell())
+
+    def read(self, length: int) -> bytearray:
+        """The segment's first ``length`` bytes, copied into the host's own memory."""
+        assert self.fd is not None
+        data = bytearray(length)
+        view, done = memoryview(data), 0
+        try:
+            while done < length:
+                got = os.preadv(self.fd, [view[done:]], done)
+                if got == 0:
+                    raise TransferRefusedError(
+                        f"the segment holds {done} bytes, not the {length} the kernel said it wrote (it was "
+                        "truncated from the kernel's side), so nothing was read. Restart the worker if this repeats"
+                    )
+                done += got
+        finally:
+            view.release()
+        return data
 
     def settle(self) -> None:
         """After the kernel's answer (or none): the file's name goes, whatever the kernel did."""
@@ -166,10 +193,10 @@ class Exchange:
     def discard(self) -> None:
         """Forget the segment: its pages are freed once the kernel lets go of it too."""
         self.settle()
-        if self.segment is not None:
-            with contextlib.suppress(BufferError):  # still pointed into: unmapped when collected
-                self.segment.close()
-        self.segment, self.path, self.capacity = None, None, 0
+        if self.fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self.fd)
+        self.fd, self.path, self.capacity = None, None, 0
 
 
 def _unlink(path: str) -> None:
@@ -205,16 +232,6 @@ def ipc_size(table: Any) -> int:
     return int(sink.size())
 
 
-def write_ipc(table: Any, segment: memoryview) -> int:
-    pa = require_arrow("inject_dataframe")
-    sink = pa.FixedSizeBufferWriter(pa.py_buffer(segment))
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
-    size = int(sink.tell())
-    sink.close()
-    return size
-
-
 def ipc_bytes(table: Any) -> Any:
     """The Arrow IPC stream of ``table`` in memory (a pyarrow Buffer): behind a gateway, where the
     kernel shares no memory with the host (host/gateway.py)."""
@@ -233,9 +250,9 @@ def decode_inline(envelope: dict[str, Any]) -> Any:
     return json.loads(envelope["text"]) if envelope["kind"] == "json" else str(envelope["text"])
 
 
-def decode_segment(envelope: dict[str, Any], segment: mmap.mmap | bytearray, length: int) -> Any:
-    """The value the kernel wrote, copied out of the segment (whose pages the next transfer reuses),
-    or out of the bytes that came over a gateway's websocket."""
+def decode_segment(envelope: dict[str, Any], segment: bytearray, length: int) -> Any:
+    """The value the kernel wrote, from the host's own copy of the segment (``Exchange.read``) or
+    from the bytes that came over a gateway's websocket."""
     view = memoryview(segment)
     try:
         if envelope["kind"] == "npy":

@@ -37,7 +37,6 @@ from ivralo_kernel.host.dataplane import (
     ipc_size,
     require_arrow,
     transfer_cap,
-    write_ipc,
 )
 from ivralo_kernel.host.escalation import Phase
 from ivralo_kernel.host.gateway import GatewayPool, GatewayWorker, RemoteDeadline, fetch_remote, inject_remote
@@ -58,7 +57,6 @@ from ivralo_kernel.host.worker import Worker
 from ivralo_kernel.protocol import ConfigError, WorkerBootstrapError, names
 from ivralo_kernel.protocol.messages import Effects
 from ivralo_kernel.protocol.processes import describe_exit
-from ivralo_kernel.protocol.tables import release
 
 if TYPE_CHECKING:
     from ivralo_kernel.host.attach import AttachedSession
@@ -506,9 +504,8 @@ class Session:
         try:
             written = json.loads(await call.value(f"{DATAPLANE}.write({path!r}, {capacity})"))
             length = checked_size(call.operation, written, "size", capacity, "the segment the host reserved")
-            segment = exchange.segment
-            assert segment is not None
-            return await asyncio.to_thread(decode_segment, envelope, segment, length)
+            data = await asyncio.to_thread(exchange.read, length)
+            return await asyncio.to_thread(decode_segment, envelope, data, length)
         except BaseException:
             exchange.discard()  # a late answer may still write: into a segment nobody reads again
             raise
@@ -580,7 +577,7 @@ class Session:
             exchange = self._exchange(call.worker)
             path, capacity = exchange.reserve(size)
             try:
-                length = await asyncio.to_thread(_write_table, table, exchange)
+                length = await asyncio.to_thread(exchange.write_table, table)
                 await call.value(f"{DATAPLANE}.receive({name!r}, {path!r}, {capacity}, {length}, {kind!r})")
             except BaseException:
                 exchange.discard()
@@ -669,14 +666,6 @@ def _check_gateway(pool: WorkerPool | None, grants: tuple[str, ...], python: str
             "the credentials and the interpreter",
             "Set them in the gateway's jupyter_ivralo_config (IvraloProvisioner.grants, ...), and leave them out here",
         )
-
-
-def _write_table(table: Any, exchange: Exchange) -> int:
-    view = exchange.view()
-    try:
-        return write_ipc(table, view)
-    finally:
-        release(view)
 
 
 def _check_name(name: str) -> None:
