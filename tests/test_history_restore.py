@@ -16,7 +16,7 @@ import pytest
 from ivralo_kernel.cli.app import main
 from ivralo_kernel.guards.history import History
 from ivralo_kernel.host import Session, SyncSession, WorkerConfig
-from ivralo_kernel.host.history_ledger import HistoryRecorder
+from ivralo_kernel.host.history_ledger import MAX_INDEX_BYTES, HistoryRecorder
 from ivralo_kernel.host.history_store import HistoryError, HistoryStore, NewerChangeError
 from ivralo_kernel.protocol.history_index import INDEX, copy_id, parse_line
 
@@ -364,6 +364,19 @@ def test_a_recorded_copy_rewritten_since_or_a_link_on_its_path_restores_nothing(
     # The tool_files setting closes more: a restore under it is refused as well.
     with pytest.raises(HistoryError, match=r"sub/n\.txt is under sub"):
         HistoryStore(ws, tool_files=("sub",)).restore(entry, force=True)
+
+
+@pytest.mark.fast
+def test_an_index_blown_up_from_the_kernels_side_is_not_read(workspace: Path) -> None:
+    """The host's memory is not the kernel's to spend: an index past MAX_INDEX_BYTES is not read."""
+    ws = Path(os.path.realpath(workspace))
+    folder = ws / ".ivralo" / "history"
+    recorder = HistoryRecorder(str(ws))
+    plant(folder, [(str(ws / "in.txt"), "plain1")])
+    os.truncate(folder / INDEX, MAX_INDEX_BYTES + 1)  # sparse: its size is what counts
+    assert recorder.record() == 0
+    assert any("not read" in why for why in recorder.refused), recorder.refused
+    assert HistoryStore(ws).entries() == []
 
 
 @pytest.mark.fast

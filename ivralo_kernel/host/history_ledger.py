@@ -47,6 +47,10 @@ from ivralo_kernel.protocol.history_index import INDEX, Entry, is_plain_name, pa
 LEDGER_DIR = "history"  # under the config home
 COMPACT_AFTER_LINES = 4000  # the ledger is rewritten (only copies still there) past this many lines
 START_SLACK_NS = 5 * 1_000_000_000  # a copy's time may precede the recorder's start by this much (clocks)
+# The write guard's index stays near 2 x history_cap_count lines of ~300 bytes; one the kernel's side
+# blew up is not read at all (the host's memory is not the kernel's to spend), nor more new lines per pass.
+MAX_INDEX_BYTES = 64 << 20
+MAX_NEW_PER_PASS = 10_000
 _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -60,10 +64,11 @@ class Recorded:
 
 
 def closed_reason(rel: str, tool_files: Iterable[str] = TOOL_FILES_DEFAULT) -> str | None:
-    """Why a file of the workspace (``rel``, relative) is one no restore writes, or None. The same
-    paths the sandbox keeps read-only (host/sandbox.py's CLOSED_SEED and tool files), compared
-    without case (a case-insensitive file system would take ``.GIT`` for ``.git``), and ``.env``
-    files, which the write guard never copies."""
+    """Why a file of the workspace (``rel``, relative) is one no restore writes, or None. The paths
+    the sandbox keeps read-only (host/sandbox.py's CLOSED_SEED and tool files), at any depth (a
+    subfolder opened on its own in an editor runs its own ``.vscode``; a repository in a subfolder
+    has its own ``.git``), compared without case (a case-insensitive file system takes ``.GIT`` for
+    ``.git``), and ``.env`` files, which the write guard never copies."""
     parts = rel.split(os.sep)
     folded = [p.casefold() for p in parts]
     if any(p in ("", ".", "..") for p in parts):
@@ -72,11 +77,7 @@ def closed_reason(rel: str, tool_files: Iterable[str] = TOOL_FILES_DEFAULT) -> s
         want = [p.casefold() for p in closed.strip(os.sep).split(os.sep) if p]
         if not want:
             continue
-        # .git and .ivralo are closed at any depth (a repository in a subfolder has its own); the
-        # other closed names from the workspace's top, as the sandbox closes them.
-        anywhere = closed in (".git", names.STATE_DIR)
-        starts = range(len(folded)) if anywhere else range(1)
-        if any(folded[i : i + len(want)] == want for i in starts):
+        if any(folded[i : i + len(want)] == want for i in range(len(folded))):
             return f"{rel} is under {closed}, which code in the kernel may not write"
     name = folded[-1]
     if name == names.DOTENV_FILE or name.startswith(".env."):
@@ -159,6 +160,25 @@ class HistoryLedger:
             return 0
 
 
+def read_index(directory: str, problems: list[str] | None = None) -> list[Entry]:
+    """The entries of the folder's index (written from the kernel's side): none when it is not a
+    plain file or is larger than ``MAX_INDEX_BYTES``."""
+    try:
+        fd = os.open(os.path.join(directory, INDEX), _READ)
+    except OSError:
+        return []
+    with os.fdopen(fd, "rb") as index:
+        st = os.fstat(index.fileno())
+        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_INDEX_BYTES:
+            if problems is not None:
+                problems.append(
+                    f"{INDEX}: not a plain file, or {st.st_size} bytes (more than {MAX_INDEX_BYTES}): not read"
+                )
+            return []
+        lines = index.read(MAX_INDEX_BYTES).decode("utf-8", "replace").splitlines()
+    return [e for e in map(parse_line, lines) if e is not None]
+
+
 def copy_digest(directory_fd: int, copy: str) -> tuple[str, int] | None:
     """(SHA-256, size) of a copy that is a plain file of the folder (no link, one link); else None."""
     try:
@@ -205,12 +225,7 @@ class HistoryRecorder:
         return found
 
     def _index_entries(self) -> list[Entry]:
-        try:
-            with open(os.path.join(self.directory, INDEX), "rb") as index:
-                lines = index.read().decode("utf-8", "replace").splitlines()
-        except OSError:
-            return []
-        return [e for e in map(parse_line, lines) if e is not None]
+        return read_index(self.directory, self.refused)
 
     def changed(self) -> bool:
         """The index changed since the last pass (a stat: cheap enough for the end of every cell)."""
@@ -241,6 +256,9 @@ class HistoryRecorder:
                 for entry in self._index_entries():
                     if entry.copy in known or entry.copy in self._before:
                         continue
+                    if len(fresh) >= MAX_NEW_PER_PASS:
+                        self.refused.append(f"more than {MAX_NEW_PER_PASS} new lines at once: the rest not recorded")
+                        break
                     self._before.add(entry.copy)  # judged once, whatever the verdict
                     why = self._refusal(entry)
                     digest = None if why else copy_digest(folder, entry.copy)

@@ -40,7 +40,14 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from ivralo_kernel.host.history_ledger import HistoryLedger, Recorded, closed_reason, copy_digest, inside_path
+from ivralo_kernel.host.history_ledger import (
+    HistoryLedger,
+    Recorded,
+    closed_reason,
+    copy_digest,
+    inside_path,
+    read_index,
+)
 from ivralo_kernel.host.sandbox import TOOL_FILES_DEFAULT
 from ivralo_kernel.protocol import IvraloError, names
 from ivralo_kernel.protocol.history_index import (
@@ -50,7 +57,6 @@ from ivralo_kernel.protocol.history_index import (
     Entry,
     copy_id,
     new_entry,
-    parse_line,
 )
 
 GRACE_S = 2.0  # a change ends this soon after its copy; a later modification is someone else's
@@ -187,12 +193,7 @@ class HistoryStore:
 
     def _index_lines(self) -> list[Entry]:
         """The folder's own index, as the kernel's side wrote it: only ever used to explain a refusal."""
-        try:
-            with open(os.path.join(self.directory, INDEX), "rb") as index:
-                lines = index.read().decode("utf-8", "replace").splitlines()
-        except OSError:
-            return []
-        return [e for e in map(parse_line, lines) if e is not None]
+        return read_index(self.directory)
 
     def listing(self, path: str | None = None, base: str | None = None) -> list[Entry]:
         """The copies of ``path`` (a file, or every file under a folder), or all; newest first.
