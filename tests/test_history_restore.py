@@ -361,6 +361,16 @@ def test_a_recorded_copy_rewritten_since_or_a_link_on_its_path_restores_nothing(
     with pytest.raises(HistoryError, match="no longer a folder"):
         store.restore(entry, force=True)
     assert list(outside.iterdir()) == []
+    # The file itself swapped for a link out of the workspace: the link is replaced, its target untouched.
+    (ws / "top.txt").write_text("the person's top")
+    kept_by_guard(ws, "top.txt")
+    (top,) = store.listing("top.txt", base=str(ws))
+    (outside / "target.txt").write_text("outside, untouched")
+    (ws / "top.txt").unlink()
+    (ws / "top.txt").symlink_to(outside / "target.txt")
+    assert store.restore(top, force=True).path == "top.txt"
+    assert not (ws / "top.txt").is_symlink() and (ws / "top.txt").read_text() == "the person's top"
+    assert (outside / "target.txt").read_text() == "outside, untouched"
     # The tool_files setting closes more: a restore under it is refused as well.
     with pytest.raises(HistoryError, match=r"sub/n\.txt is under sub"):
         HistoryStore(ws, tool_files=("sub",)).restore(entry, force=True)
