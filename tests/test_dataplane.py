@@ -336,3 +336,14 @@ async def test_a_segment_the_kernel_truncates_does_not_kill_the_host(workspace: 
             await session.get_dataframe("df")
         assert segments_left(exchange_dir(session)) == []
         assert await session.run("print(len(df))") == "200000\n"
+
+
+async def test_the_transfer_cap_is_a_setting(workspace: Path) -> None:
+    """A real table larger than transfer_cap_bytes is refused before anything is reserved, naming
+    the setting; under it, the same call works."""
+    async with Session(workspace=workspace, config=WorkerConfig(transfer_cap_bytes=1 << 20)) as session:
+        made = "import numpy as np, pandas as pd\nbig = pd.DataFrame({'x': np.arange(200_000)})\nsmall = big.head(10)"
+        assert await session.run(made) == ""
+        with pytest.raises(TransferRefusedError, match=r"1\.0 MiB, transfer_cap_bytes\. Nothing was reserved"):
+            await session.get_dataframe("big")
+        assert len(await session.get_dataframe("small")) == 10
