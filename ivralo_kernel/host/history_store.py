@@ -227,10 +227,10 @@ class HistoryStore:
         planted = [e for e in self._index_lines() if e.copy == ident or e.id == ident.lower()]
         if planted:
             raise HistoryError(
-                f"the folder's index has a line for {ident} (copy {planted[0].copy}), but the host never recorded "
+                f"the folder's index has a line for {ident} (copy {planted[0].copy!r}), but the host never recorded "
                 "that copy: it was not made by the write guard while a kernel of ivralo ran here (planted, copied "
                 "in with the folder, or refused: a closed path, a link), so it is not listed or restored. Nothing "
-                f"was changed; read {names.HISTORY_DIR}/{planted[0].copy} yourself if you trust it"
+                f"was changed; read it in {names.HISTORY_DIR}/ yourself if you trust it"
             )
         raise HistoryError(
             f"no kept copy has the ID {ident} in {self.workspace}. `ivralo-kernel history list` shows the IDs "
