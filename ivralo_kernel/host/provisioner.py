@@ -583,10 +583,12 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
             self.broker.close()
         await super().cleanup(restart)
         if self.history_recorder is not None:  # the tree is gone: nothing more is written to its history
+            # On this thread: cleanup also runs from atexit hooks, where no new thread may start. Each
+            # execution's end already recorded its copies, so this pass has little left to hash.
             if restart:
-                await asyncio.to_thread(self.history_recorder.record)
+                self.history_recorder.record()
             else:
-                await asyncio.to_thread(self.history_recorder.close)
+                self.history_recorder.close()
                 self.history_recorder = None
         if self.policy_file:
             with contextlib.suppress(OSError):
