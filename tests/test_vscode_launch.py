@@ -290,3 +290,29 @@ def test_a_kernelspec_can_turn_the_sandbox_off(workspace: Path, tmp_path: Path) 
     with raw_launch(workspace, tmp_path, kernel_name=FALLBACK_KERNEL) as raw:
         assert layers(raw)["sandbox"] == "none (turned off by the kernelspec (sandbox='off'))"
         assert not any(Path(cmd[0]).name == "bwrap" for cmd in tree_of(raw.proc.pid) if cmd)
+
+
+def test_a_raw_launch_records_its_history_for_the_person(workspace: Path, tmp_path: Path) -> None:
+    """The raw-launch host records the write guard's copies as the provisioner does: after VS Code
+    ends the kernel, the person's `history` lists and restores the genuine copy, and not a line a
+    cell forged with sh for .vscode/settings.json. Judged by the files on disk."""
+    from ivralo_kernel.host.history_store import HistoryStore
+
+    ws = Path(os.path.realpath(workspace))
+    (ws / "notes.txt").write_text("the person's notes\n")
+    forged = json.dumps({"time": "2026-11-29T10:00:00+0000", "path": str(ws / ".vscode" / "settings.json")})
+    forged = forged[:-1] + ', "operation": "delete", "size": 2, "copy": "forged-settings.json"}'
+    forge = f"printf '{{}}' > .ivralo/history/forged-settings.json && printf '%s\\n' {shlex.quote(forged)} "
+    forge += ">> .ivralo/history/index.jsonl"
+    with raw_launch(workspace, tmp_path) as raw:
+        for code in (
+            "_ = open('notes.txt', 'w').write('a cell wrote this')",
+            f"import subprocess\nassert subprocess.run(['sh', '-c', {forge!r}]).returncode == 0",
+        ):
+            assert execute(raw.client, code).reply["content"]["status"] == "ok", code
+    store = HistoryStore(ws)
+    (entry,) = store.entries()
+    assert entry.path == str(ws / "notes.txt") and store.unrecorded() == 1
+    assert store.restore(entry).path == "notes.txt"
+    assert (ws / "notes.txt").read_text() == "the person's notes\n"
+    assert not (ws / ".vscode").exists()
