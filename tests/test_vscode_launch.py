@@ -24,7 +24,7 @@ from conftest import FALLBACK_KERNEL, gone, wait_until
 from jupyter_client.blocking.client import BlockingKernelClient
 from jupyter_client.connect import write_connection_file
 from jupyter_client.kernelspec import KernelSpec, KernelSpecManager
-from kernel_helpers import execute, raw_client
+from kernel_helpers import execute, raw_client, reply_to
 from sandbox_cases import counting_http, sh
 
 # A cell that counts the SIGINTs it receives over 3 s (its own handler replaces the interrupt).
@@ -93,8 +93,7 @@ def test_sigint_to_the_launched_pid_interrupts_the_cell(raw: RawKernel) -> None:
     msg_id = raw.client.execute("import time\nprint('sleeping', flush=True)\ntime.sleep(60)")
     wait_until(lambda: raw.client.get_iopub_msg(timeout=10)["content"].get("text") == "sleeping\n", 30, "the cell")
     os.kill(raw.proc.pid, signal.SIGINT)  # VS Code's Interrupt button: the pid it launched (the supervisor)
-    reply = raw.client.get_shell_msg(timeout=10)
-    assert reply["parent_header"]["msg_id"] == msg_id
+    reply = reply_to(raw.client, msg_id, 10)
     assert reply["content"]["ename"] == "KeyboardInterrupt"
     assert execute(raw.client, "print('still here')").stdout == "still here\n"
 
@@ -250,7 +249,7 @@ def test_all_five_channels_cross_the_relay(raw: RawKernel) -> None:
         if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "stream":
             text += msg["content"]["text"]
     assert text == "hello ada\n"
-    assert raw.client.get_shell_msg(timeout=30)["content"]["status"] == "ok"
+    assert reply_to(raw.client, msg_id, 30)["content"]["status"] == "ok"
     on_control = raw.client.session.msg("kernel_info_request")
     raw.client.control_channel.send(on_control)
     reply = raw.client.get_control_msg(timeout=30)
