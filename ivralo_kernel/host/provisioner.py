@@ -35,6 +35,7 @@ from ivralo_kernel.host.broker import BrokerResponder
 from ivralo_kernel.host.channel_relay import ChannelRelay
 from ivralo_kernel.host.config_watch import DOTENV, WorkspaceFiles, protected_in_sandbox
 from ivralo_kernel.host.dataplane import clear_exchange_folder, create_exchange_folder
+from ivralo_kernel.host.egress import PERSON_ANSWER_TIMEOUT_S
 from ivralo_kernel.host.egress_notes import NOTE_WAIT_S, EgressNotes
 from ivralo_kernel.host.egress_proxy import EgressProxy, Verdict
 from ivralo_kernel.host.escalation import DeadlinePolicy
@@ -48,7 +49,6 @@ from ivralo_kernel.host.settings import IvraloSettings, config_file_layers
 from ivralo_kernel.host.watchdog import Loss, Watchdog, WatchdogSettings
 from ivralo_kernel.protocol import KernelPolicy, database_env_names, names, scrub
 from ivralo_kernel.protocol.credentials import credential_store_paths
-from ivralo_kernel.protocol.messages import EgressPrompt
 from ivralo_kernel.protocol.pipe import KillAt
 from ivralo_kernel.protocol.pipe import encode as encode_line
 from ivralo_kernel.protocol.trust import is_trusted
@@ -194,6 +194,7 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
             operations_files=(self.operations_file,) if self.operations_file else (),
             files=self.workspace_files,
         )
+        self.broker.egress.person = self.ask_person
         if previous is not None:
             previous.close()
         self.broker_comm_id = uuid.uuid4().hex
@@ -278,21 +279,24 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
             # itself knows which execution is running.
             execution = _ask_running_execution(watchdog)
 
-        def prompt(content: EgressPrompt) -> None:
-            if watchdog is not None:
-                watchdog.send_control(names.MSG_EGRESS_PROMPT, content)
-
         def pause(on: bool) -> None:
             if watchdog is not None and execution is not None:
                 (watchdog.pause if on else watchdog.resume)(execution)
 
-        allowed, reason = broker.egress.decide(host, port, execution, prompt if watchdog is not None else None, pause)
+        allowed, reason = broker.egress.decide(host, port, execution, self.ask_person, pause)
         if watchdog is None or execution is None:
             return Verdict(allowed, reason)
         notes = self._egress_notes
         if notes is None:
             return Verdict(allowed, reason)
         return Verdict(allowed, reason, notes.note(execution, host, port, allowed, reason))
+
+    def ask_person(self, execution: str, prompt: str) -> str | None:
+        """(any thread; blocks) The person's answer at ``execution``'s input prompt, asked by the host
+        on the clients' side of the relay, which code in the kernel can neither write nor read. No
+        relay (no sandbox: the kernel binds the clients' sockets itself): nobody the host can ask."""
+        relay = self.relay
+        return relay.ask(execution, prompt, PERSON_ANSWER_TIMEOUT_S) if relay is not None else None
 
     def supervisor_pid(self) -> int | None:
         """The supervisor's pid, as the host sees it (inside a sandbox, bwrap's processes come first)."""
@@ -369,6 +373,8 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
         self.relay.start()
         if self.egress_proxy is not None:
             self.egress_proxy.redirect(self._decide_egress)
+        if self.broker is not None:
+            self.broker.egress.person = self.ask_person  # asked on this provisioner's relay
         self._adopting = spare
         self.adopted_pid = int(self.process.pid) if self.process is not None else None
         self.log.info("ivralo: a warm spare kernel (pid %s) serves this notebook", self.adopted_pid)
