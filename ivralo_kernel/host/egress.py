@@ -101,24 +101,23 @@ class EgressDesk:
         return names.EGRESS_CHOICES if self.trusted else ("yes", "no")
 
     def judge(self, payload: dict[str, Any], execution: str, reply: Reply, pause: Pause) -> None:
+        """(the watchdog's thread) The kernel's network guard asks (outside the OS sandbox; inside,
+        only code forging a request does): the same questions as the proxy's, one open per host."""
         host, port = payload["host"], payload["port"]
         allowed, reason = self.policy().judge(host, port)
         if allowed is not None:
             reply({"allowed": allowed, "reason": reason})
         elif host in self._granted:
             reply({"allowed": self._granted[host], "reason": "answered earlier"})
-        elif self.asker is not None:
-            args = (self.asker, host, reply, pause)
-            threading.Thread(target=self._ask_agent, args=args, name="ivralo-ask", daemon=True).start()
-        elif self.person is not None:  # the kernel's "a person can be asked" is not taken: the host knows
-            person = self.person
+        elif self.asker is None and self.person is None:
+            reply({"allowed": False, "reason": NOBODY_TO_ASK})
+        else:
 
             def ask() -> None:
-                reply(self._ask_person(person, host, port, execution, pause))
+                allowed, reason = self._asked(host, port, execution, self.person, pause)
+                reply({"allowed": allowed, "reason": reason})
 
-            threading.Thread(target=ask, name="ivralo-ask-person", daemon=True).start()
-        else:
-            reply({"allowed": False, "reason": NOBODY_TO_ASK})
+            threading.Thread(target=ask, name="ivralo-ask", daemon=True).start()
 
     def allowed_hosts(self) -> list[str]:
         """What code here may reach without being asked: hosts.allow's entries (host, or host:port),
@@ -134,6 +133,13 @@ class EgressDesk:
         allowed, reason = self.policy().judge(host, port)
         if allowed is not None:
             return allowed, reason
+        return self._asked(host, port, execution, person, pause)
+
+    def _asked(
+        self, host: str, port: int | None, execution: str | None, person: PersonAsk | None, pause: Pause
+    ) -> Decision:
+        """(blocks) The answer about ``host``: asked now, or the answer to the question already open
+        about it (a cell's Python and its curl, or a guard's question, wait for the same one)."""
         with self._lock:
             if host in self._granted:
                 return self._granted[host], "answered earlier"
@@ -143,7 +149,7 @@ class EgressDesk:
                 question = self._open[host] = Future()
         assert question is not None
         if mine:
-            self._ask_for_proxy(host, port, execution, person, pause, question)
+            self._ask(host, port, execution, person, pause, question)
         try:
             return question.result(timeout=PERSON_ANSWER_TIMEOUT_S + 5)
         except TimeoutError:
@@ -153,10 +159,10 @@ class EgressDesk:
                 if self._open.get(host) is question and question.done():
                     del self._open[host]
 
-    def _ask_for_proxy(
+    def _ask(
         self,
         host: str,
-        port: int,
+        port: int | None,
         execution: str | None,
         person: PersonAsk | None,
         pause: Pause,
