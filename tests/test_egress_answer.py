@@ -238,3 +238,40 @@ def test_in_nbclient_the_forging_cell_writes_no_grant_and_the_next_kernel_is_ask
             assert "nobody to ask" in text, text
     assert hits == []
     assert granted(trusted) is None
+
+
+def test_the_clients_side_of_the_relay_is_closed_to_the_kernel_whatever_is_allowed(trusted: Path) -> None:
+    """With all of ``localhost`` and ``127.0.0.1`` allowed (the person's own choice), the kernel still cannot reach
+    its clients' Jupyter ports through the proxy: there it could take its client's place on stdin
+    and answer the host's questions. Judged by the proxy's own record of what it connected."""
+    (trusted / ".ivralo").mkdir(exist_ok=True)
+    (trusted / ".ivralo" / "permissions.json").write_text('{"hosts": {"allow": ["localhost", "127.0.0.1"]}}')
+    manager = KernelManager(kernel_name="ivralo")
+    manager.start_kernel(cwd=str(trusted))
+    client = manager.client()
+    client.start_channels()
+    try:
+        client.wait_for_ready(timeout=60)
+        ports = {channel: manager.get_connection_info()[f"{channel}_port"] for channel in ("stdin", "shell")}
+        code = (
+            "import subprocess, urllib.request\n"
+            f"for port in {sorted(ports.values())!r}:\n"
+            "    try:\n"
+            "        urllib.request.urlopen(f'http://localhost:{port}/', timeout=30)\n"
+            "    except Exception as error:\n"
+            "        print('python', port, error)\n"
+            "    r = subprocess.run(['sh', '-c', f'curl -sS -m 30 http://127.0.0.1:{port}/'], capture_output=True,"
+            " text=True)\n"
+            "    print('sh', port, r.stdout + r.stderr)\n"
+        )
+        prompts, stdout = as_a_person(client, code, lambda _prompt, _stdout: "no")
+        decisions = list(manager.provisioner.egress_proxy.decisions)  # type: ignore[attr-defined]
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)
+    tried = [(host, port, allowed) for host, port, allowed in decisions if port in ports.values()]
+    assert sorted(tried) == sorted(
+        [(name, port, False) for port in ports.values() for name in ("localhost", "127.0.0.1")]
+    ), (decisions, stdout)
+    assert "own Jupyter channels" in stdout, stdout
+    assert prompts == []

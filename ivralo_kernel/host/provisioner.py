@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import json
 import os
 import shutil
@@ -237,7 +238,7 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
         folder = self._sandbox_folder
         assert folder is not None
         if self.egress_proxy is None:
-            self.egress_proxy = EgressProxy(folder.egress_socket, self._decide_egress)
+            self.egress_proxy = EgressProxy(folder.egress_socket, self._decide_egress, self._closed_peer)
             self.egress_proxy.start()
         # The kernel's sockets are ipc files in its run folder; the clients' (TCP as Jupyter's default, or
         # what they asked for) are the relay's, outside the sandbox. The relay also shows the host every
@@ -290,6 +291,17 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
         if notes is None:
             return Verdict(allowed, reason)
         return Verdict(allowed, reason, notes.note(execution, host, port, allowed, reason))
+
+    def _closed_peer(self, peer: tuple[Any, ...]) -> str | None:
+        """(the egress proxy's thread) The clients' side of this kernel's relay is never reachable
+        through the proxy, whatever was allowed: with it, code in the kernel could take a client's
+        place on stdin (its identity is in every request) and answer the host's questions."""
+        info = self.connection_info
+        if info.get("transport", "tcp") != "tcp" or peer[1] not in {info.get(f"{c}_port") for c in CHANNEL_NAMES}:
+            return None
+        if not on_this_machine(str(peer[0])):
+            return None
+        return "it is one of this kernel's own Jupyter channels, for its clients only"
 
     def ask_person(self, execution: str, prompt: str) -> str | None:
         """(any thread; blocks) The person's answer at ``execution``'s input prompt, asked by the host
@@ -373,6 +385,7 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
         self.relay.start()
         if self.egress_proxy is not None:
             self.egress_proxy.redirect(self._decide_egress)
+            self.egress_proxy.closed_peer = self._closed_peer  # this notebook's ports now
         if self.broker is not None:
             self.broker.egress.person = self.ask_person  # asked on this provisioner's relay
         self._adopting = spare
@@ -608,6 +621,23 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
                     with contextlib.suppress(OSError):
                         os.close(fd)
                 self._host_pipe = None
+
+
+CHANNEL_NAMES = ("shell", "iopub", "stdin", "control", "hb")
+
+
+def on_this_machine(address: str) -> bool:
+    """A loopback, unspecified or local interface's address (the relay may bind any of them)."""
+    try:
+        ip = ipaddress.ip_address(address.split("%")[0])
+    except ValueError:
+        return False
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    if ip.is_loopback or ip.is_unspecified:
+        return True
+    local = {a.address.split("%")[0] for addrs in psutil.net_if_addrs().values() for a in addrs}
+    return str(ip) in local
 
 
 # What a provisioner takes over from the spare it adopts (the relay is rebuilt on the new ports).
