@@ -127,10 +127,16 @@ Answer = Callable[[str, str], str | None]  # (prompt, the cell's stdout so far) 
 
 
 def as_a_person(
-    kc: BlockingKernelClient, code: str, answer: Answer, allow_stdin: bool = True, timeout: float = 90
+    kc: BlockingKernelClient,
+    code: str,
+    answer: Answer,
+    allow_stdin: bool = True,
+    parented: bool = False,
+    timeout: float = 90,
 ) -> tuple[list[str], str]:
-    """Run ``code`` as a person at a console would, answering each ``input_request`` with
-    ``answer`` once it says what to type. Returns the prompts the client got and the cell's stdout."""
+    """Run ``code`` as a person at a console would (``parented``: at JupyterLab, whose reply names
+    the request it answers), answering each ``input_request`` with ``answer`` once it says what to
+    type. Returns the prompts the client got and the cell's stdout."""
     msg_id = kc.execute(code, allow_stdin=allow_stdin)
     prompts: list[str] = []
     waiting: dict[str, Any] | None = None
@@ -148,8 +154,11 @@ def as_a_person(
             pass
         if waiting is not None:
             typed = answer(waiting["content"]["prompt"], shown.streams.get("stdout", ""))
-            if typed is not None:
+            if typed is not None and parented:
+                kc.stdin_channel.send(kc.session.msg("input_reply", {"value": typed}, parent=waiting))
+            elif typed is not None:
                 kc.input(typed)  # as jupyter console does: a reply without a parent
+            if typed is not None:
                 waiting = None
         try:
             msg = kc.get_iopub_msg(timeout=0.02)
@@ -183,13 +192,14 @@ def test_a_cell_that_answers_for_the_person_gets_nothing_through_and_writes_no_g
     assert "the person said no" in stdout and "forging" in stdout, stdout
 
 
+@pytest.mark.parametrize("client", ["console", "lab"])
 def test_the_persons_always_still_gets_through_and_only_the_host_writes_it(
-    trusted: Path, kc: BlockingKernelClient
+    trusted: Path, kc: BlockingKernelClient, client: str
 ) -> None:
     """The same cell, and the person says "always": both the cell's Python and its curl get
     through (one question), and the host writes the grant."""
     with counting_http() as (port, hits):
-        prompts, stdout = as_a_person(kc, attack(port), once_forging("always"))
+        prompts, stdout = as_a_person(kc, attack(port), once_forging("always"), parented=client == "lab")
     assert sorted(hits) == ["/python", "/sh"], stdout
     assert prompts == [QUESTION.format(port=port, choices="yes/always/no")], stdout
     assert granted(trusted) == {"hosts": {"allow": ["localhost"]}}
@@ -275,3 +285,40 @@ def test_the_clients_side_of_the_relay_is_closed_to_the_kernel_whatever_is_allow
     ), (decisions, stdout)
     assert "own Jupyter channels" in stdout, stdout
     assert prompts == []
+
+
+INTERLEAVED = r"""
+import threading, time, urllib.request
+results = {{}}
+
+def fetch():
+    try:
+        results["fetch"] = urllib.request.urlopen("http://localhost:{port}/both", timeout=60).status
+    except Exception as error:
+        results["fetch"] = str(error)[:120]
+
+asking = threading.Thread(target=fetch)
+asking.start()
+time.sleep(0.5)  # the cell's own choice: its input() and the host's question are open at once, in either order
+name = input("your name? ")
+asking.join()
+print("kernel got", repr(name), results)
+"""
+
+
+@pytest.mark.parametrize(("host_answer", "kernel_answer"), [("no", "always"), ("yes", "no")])
+def test_the_kernels_own_input_and_the_hosts_question_each_get_their_answer(
+    trusted: Path, kc: BlockingKernelClient, host_answer: str, kernel_answer: str
+) -> None:
+    """A console answers its prompts in the order it shows them, with replies that name none: the
+    cell's own ``input()`` gets what was typed at it, the host's question what was typed there."""
+
+    def person(prompt: str, _stdout: str) -> str:
+        return kernel_answer if prompt == "your name? " else host_answer
+
+    with counting_http() as (port, hits):
+        prompts, stdout = as_a_person(kc, INTERLEAVED.format(port=port), person)
+    assert sorted(prompts) == sorted(["your name? ", QUESTION.format(port=port, choices="yes/always/no")]), stdout
+    assert hits == (["/both"] if host_answer == "yes" else []), stdout
+    assert granted(trusted) is None
+    assert f"kernel got {kernel_answer!r}" in stdout, stdout
