@@ -24,7 +24,9 @@ from jupyter_client.blocking.client import BlockingKernelClient
 from jupyter_client.manager import KernelManager
 from nbclient import NotebookClient
 from sandbox_cases import counting_http
+from test_prewarm import pool, spec  # noqa: F401 - a warm-pool kernelspec and a fresh pool
 
+from ivralo_kernel.host import prewarm
 from ivralo_kernel.host.outputs import CellOutput
 from ivralo_kernel.protocol.trust import set_trust
 
@@ -322,3 +324,34 @@ def test_the_kernels_own_input_and_the_hosts_question_each_get_their_answer(
     assert hits == (["/both"] if host_answer == "yes" else []), stdout
     assert granted(trusted) is None
     assert f"kernel got {kernel_answer!r}" in stdout, stdout
+
+
+def test_a_notebook_served_by_a_warm_spare_is_asked_on_its_own_relay(
+    spec: str,  # noqa: F811
+    pool: prewarm.SparePool,  # noqa: F811
+    workspace: Path,
+) -> None:
+    """The spare's host parts move to the notebook's provisioner, and so does who asks: the
+    question reaches the notebook's client, and its "yes" gets through."""
+    first = KernelManager(kernel_name=spec)
+    first.start_kernel(cwd=str(workspace))
+    second = KernelManager(kernel_name=spec)
+    try:
+        key = first.provisioner.spare_key  # type: ignore[attr-defined]
+        assert pool.wait_ready(1, timeout=120, key=key), "no spare became ready"
+        second.start_kernel(cwd=str(workspace))
+        assert second.provisioner.adopted_pid is not None  # type: ignore[attr-defined]
+        client = second.client()
+        client.start_channels()
+        try:
+            client.wait_for_ready(timeout=60)
+            with counting_http() as (port, hits):
+                code = f"import urllib.request\nprint(urllib.request.urlopen('http://localhost:{port}/spare').status)"
+                prompts, stdout = as_a_person(client, code, lambda _prompt, _stdout: "yes")
+        finally:
+            client.stop_channels()
+    finally:
+        second.shutdown_kernel(now=True)
+        first.shutdown_kernel(now=True)
+    assert prompts == [QUESTION.format(port=port, choices="yes/no")], stdout
+    assert hits == ["/spare"], stdout
