@@ -132,19 +132,21 @@ class StdinQuestions:
                 entry = waiting[0] if waiting else None
             if entry is None:
                 return False
-            waiting.remove(entry)
             mine, msg_id = entry
             question = self._questions.get(msg_id) if mine else None
-        if question is None:
-            return False
-        if question.answered.is_set():
-            return True  # a late answer to a question that ended: nobody's, and never the kernel's
+            if question is None:  # the kernel's own prompt: answered now, and the answer is the kernel's
+                waiting.remove(entry)
+                return False
         try:  # the signature, as the kernel checks a client's: an unsigned reply answers nothing
             content = self._session.deserialize(message, content=True)["content"]
         except Exception:  # noqa: BLE001 - a reply that does not verify is dropped, never passed on
             return True
-        value = content.get("value") if isinstance(content, dict) else None
-        self._settle(question, value if isinstance(value, str) else "")
+        with self._lock:
+            if entry in waiting:
+                waiting.remove(entry)
+        if not question.answered.is_set():  # else a late answer to a question that ended: nobody's
+            value = content.get("value") if isinstance(content, dict) else None
+            self._settle(question, value if isinstance(value, str) else "")
         return True
 
     # -- the host's question ---------------------------------------------------------------
