@@ -234,3 +234,20 @@ def test_the_executions_end_ends_its_question_and_a_late_answer_is_nobodys(askin
     assert box == [None]
     asking.session.send(asking.client["stdin"], asking.session.msg("input_reply", {"value": "yes"}))
     assert asking.kernel_gets_next_on_stdin() == b"marker"  # the late answer went to nobody
+
+
+def test_a_client_without_a_stdin_connection_is_nobody_to_ask(asking: Any) -> None:
+    """``allow_stdin`` true, but no stdin socket with the client's identity: no, at once."""
+    from jupyter_client.session import Session
+
+    lone = Session(key=b"the-clients-key")
+    shell = asking.context.socket(zmq.DEALER)
+    asking.sockets.append(shell)
+    shell.setsockopt(zmq.IDENTITY, lone.bsession)
+    shell.connect(channel_url(asking.clients, "shell"))
+    request = lone.msg("execute_request", {"code": "", "silent": False, "allow_stdin": True})
+    lone.send(shell, request)
+    assert receive(asking.kernel["shell"], asking.deadline) is not None
+    started = time.monotonic()
+    assert asking.relay.ask(request["header"]["msg_id"], "Allow? ", 10) is None
+    assert time.monotonic() - started < 5, "it waited for an answer nobody could give"

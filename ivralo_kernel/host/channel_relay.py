@@ -88,6 +88,8 @@ class ChannelRelay:
                 inner.setsockopt(zmq.IDENTITY, SHELL_AND_STDIN_IDENTITY)
             if channel in HANDOVER_CHANNELS:
                 outer.setsockopt(zmq.ROUTER_HANDOVER, 1)
+            if channel == "stdin" and watch_requests:
+                outer.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a question no client is there for fails at once
             if channel == "iopub":
                 outer.setsockopt(zmq.XPUB_VERBOSE, 1)  # every client's subscription, not only the first
             inner.setsockopt(zmq.RECONNECT_IVL, RECONNECT_IVL_MS)
@@ -168,7 +170,7 @@ class ChannelRelay:
         with self._asks_lock:
             if self._closing.is_set():
                 return None
-            self._asks_out.send_multipart(frames)
+            self._asks_out.send_multipart([question.msg_id.encode(), *frames])
         question.answered.wait(timeout)
         return question.value
 
@@ -238,7 +240,9 @@ class ChannelRelay:
                 if steer in events:
                     return
                 if asks in events:
-                    outer.send_multipart(asks.recv_multipart())
+                    msg_id, *frames = asks.recv_multipart()
+                    if not _routed(outer, frames):
+                        questions.unreachable(msg_id.decode())
                 if outer in events:
                     frames = outer.recv_multipart()
                     parts = split(frames)
@@ -249,7 +253,7 @@ class ChannelRelay:
                     parts = split(frames)
                     if parts is not None:
                         questions.kernel_prompt(*parts)
-                    outer.send_multipart(frames)
+                    _routed(outer, frames)  # to a client that is gone: dropped, as without the watch
         except zmq.ZMQError:
             return
         finally:
@@ -277,6 +281,18 @@ class ChannelRelay:
                 self._requests[str(header.get("msg_id"))] = None
                 while len(self._requests) > KEEP_REQUESTS:
                     self._requests.popitem(last=False)
+
+
+def _routed(router: zmq.Socket[Any], frames: list[bytes]) -> bool:
+    """Send on a ROUTER_MANDATORY socket; False if no peer has the frames' routing identity, or its
+    queue is full (a client that reads no stdin: never block the relay's thread on it)."""
+    try:
+        router.send_multipart(frames, flags=zmq.NOBLOCK)
+    except zmq.ZMQError as exc:
+        if exc.errno not in (zmq.EHOSTUNREACH, zmq.EAGAIN):
+            raise
+        return False
+    return True
 
 
 def _bound(url: str) -> bool:

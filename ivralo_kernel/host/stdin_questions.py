@@ -176,6 +176,13 @@ class StdinQuestions:
         while len(waiting) > OPEN_PROMPTS_KEPT:
             waiting.popleft()
 
+    def unreachable(self, msg_id: str) -> None:
+        """The question's client has no stdin connection: nobody can answer it."""
+        with self._lock:
+            question = self._questions.get(msg_id)
+        if question is not None:
+            self._settle(question, None)
+
     def end_all(self) -> None:
         with self._lock:
             questions = list(self._questions.values())
