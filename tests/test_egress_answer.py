@@ -355,3 +355,31 @@ def test_a_notebook_served_by_a_warm_spare_is_asked_on_its_own_relay(
         first.shutdown_kernel(now=True)
     assert prompts == [QUESTION.format(port=port, choices="yes/no")], stdout
     assert hits == ["/spare"], stdout
+
+
+def test_an_answer_to_a_question_of_a_restarted_kernel_decides_nothing(trusted: Path) -> None:
+    """The kernel is restarted while the host's question is open at the client: the question ends
+    (a no), and the person's "always" typed there afterwards is nobody's: nothing is written, and
+    the new kernel is asked again."""
+    manager = KernelManager(kernel_name="ivralo")
+    manager.start_kernel(cwd=str(trusted))
+    client = manager.client()
+    client.start_channels()
+    try:
+        client.wait_for_ready(timeout=60)
+        with counting_http() as (port, hits):
+            code = f"import urllib.request\nurllib.request.urlopen('http://localhost:{port}/old', timeout=60)"
+            client.execute(code, allow_stdin=True)
+            question = client.get_stdin_msg(timeout=60)
+            assert question["content"]["prompt"] == QUESTION.format(port=port, choices="yes/always/no")
+            manager.restart_kernel(now=True)
+            client.input("always")  # at the prompt the client still shows
+            client.wait_for_ready(timeout=60)
+            again = f"import urllib.request\nprint(urllib.request.urlopen('http://localhost:{port}/new').status)"
+            prompts, stdout = as_a_person(client, again, lambda _prompt, _stdout: "no")
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)
+    assert prompts == [QUESTION.format(port=port, choices="yes/always/no")], stdout
+    assert hits == [], stdout
+    assert granted(trusted) is None

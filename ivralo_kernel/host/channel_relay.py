@@ -174,6 +174,11 @@ class ChannelRelay:
         question.answered.wait(timeout)
         return question.value
 
+    def end_questions(self) -> None:
+        """The kernel is being replaced: its executions' questions are nobody's to answer now."""
+        if self._questions is not None:
+            self._questions.end_all()
+
     def close(self) -> None:
         """Stop every channel's thread, then the sockets (each closed by its own thread, or here if
         the kernel never bound and no thread took them)."""

@@ -255,6 +255,8 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
         if self.relay is None:
             self.relay = ChannelRelay(clients, self._kernel_side, watch_requests=True)
             self.relay.start()
+        else:  # a restart: the old kernel's executions never reply
+            self.relay.end_questions()
         cmd = [inner_file if part == connection_file else part for part in cmd]
         return sandboxed_command(
             bwrap,
@@ -486,6 +488,8 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
         self._replacing = True
         try:
             text = killed_cell_text(loss.cause, loss.observer)
+            if self.relay is not None:
+                self.relay.end_questions()  # the killed kernel's questions end, as a no
             if loss.parent:
                 # Through the relay, when there is one: answered where the dead kernel's sockets were.
                 info = self._kernel_side if self.relay is not None else dict(self.connection_info)
