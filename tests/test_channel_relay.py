@@ -251,3 +251,37 @@ def test_a_client_without_a_stdin_connection_is_nobody_to_ask(asking: Any) -> No
     started = time.monotonic()
     assert asking.relay.ask(request["header"]["msg_id"], "Allow? ", 10) is None
     assert time.monotonic() - started < 5, "it waited for an answer nobody could give"
+
+
+def test_the_proxy_checks_the_address_it_reached_before_a_byte_goes_up(tmp_path: Path) -> None:
+    """An allowed name that reaches a closed address (a name resolved differently at connect than
+    when it was judged): 403, and the listener there reads nothing but the connection's end."""
+    import socket
+
+    from ivralo_kernel.host.egress_proxy import EgressProxy, Verdict
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    closed_port = listener.getsockname()[1]
+    proxy = EgressProxy(
+        str(tmp_path / "proxy.sock"),
+        lambda host, port: Verdict(True, "allowed here"),
+        lambda peer: "closed for the test" if peer[1] == closed_port else None,
+    )
+    proxy.start()
+    try:
+        with socket.socket(socket.AF_UNIX) as conn:
+            conn.settimeout(10)
+            conn.connect(proxy.path)
+            conn.sendall(f"CONNECT localhost:{closed_port} HTTP/1.1\r\nHost: localhost\r\n\r\nsecret".encode())
+            answer = conn.recv(4096)
+        assert answer.startswith(b"HTTP/1.1 403 Forbidden by ivralo"), answer
+        assert b"closed for the test" in answer
+        listener.settimeout(10)
+        upstream, _ = listener.accept()
+        with upstream:
+            upstream.settimeout(10)
+            assert upstream.recv(100) == b""  # closed without a byte of the client's
+        assert proxy.decisions == [("localhost", closed_port, False)]
+    finally:
+        proxy.close()
+        listener.close()

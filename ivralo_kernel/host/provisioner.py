@@ -16,6 +16,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import stat
 import subprocess
 import tempfile
@@ -287,6 +288,8 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
                 (watchdog.pause if on else watchdog.resume)(execution)
 
         allowed, reason = broker.egress.decide(host, port, execution, self.ask_person, pause)
+        if allowed and (closed := self._closed_target(host, port)) is not None:
+            allowed, reason = False, closed  # the cell's line says so; the proxy checks the address it reaches too
         if watchdog is None or execution is None:
             return Verdict(allowed, reason)
         notes = self._egress_notes
@@ -294,14 +297,28 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
             return Verdict(allowed, reason)
         return Verdict(allowed, reason, notes.note(execution, host, port, allowed, reason))
 
+    def _closed_target(self, host: str, port: int) -> str | None:
+        """An allowed ``host:port`` that resolves to the clients' side of the relay (looked up only
+        after a yes, as the proxy would)."""
+        if port not in self._client_ports():
+            return None
+        try:
+            addresses = {info[4] for info in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)}
+        except OSError:
+            return None  # the proxy's own connect fails the same way, and says why
+        return next(filter(None, map(self._closed_peer, addresses)), None)
+
+    def _client_ports(self) -> set[int]:
+        info = self.connection_info
+        if info.get("transport", "tcp") != "tcp":
+            return set()
+        return {port for c in CHANNEL_NAMES if isinstance(port := info.get(f"{c}_port"), int)}
+
     def _closed_peer(self, peer: tuple[Any, ...]) -> str | None:
         """(the egress proxy's thread) The clients' side of this kernel's relay is never reachable
         through the proxy, whatever was allowed: with it, code in the kernel could take a client's
         place on stdin (its identity is in every request) and answer the host's questions."""
-        info = self.connection_info
-        if info.get("transport", "tcp") != "tcp" or peer[1] not in {info.get(f"{c}_port") for c in CHANNEL_NAMES}:
-            return None
-        if not on_this_machine(str(peer[0])):
+        if peer[1] not in self._client_ports() or not on_this_machine(str(peer[0])):
             return None
         return "it is one of this kernel's own Jupyter channels, for its clients only"
 
