@@ -20,6 +20,7 @@ from typing import Any
 
 import nbformat
 import pytest
+from conftest import FALLBACK_KERNEL
 from jupyter_client.blocking.client import BlockingKernelClient
 from jupyter_client.manager import KernelManager
 from nbclient import NotebookClient
@@ -383,3 +384,22 @@ def test_an_answer_to_a_question_of_a_restarted_kernel_decides_nothing(trusted: 
     assert prompts == [QUESTION.format(port=port, choices="yes/always/no")], stdout
     assert hits == [], stdout
     assert granted(trusted) is None
+
+
+def test_without_the_sandbox_nobody_is_asked_and_no_grant_is_written(trusted: Path) -> None:
+    """Without the OS sandbox the kernel binds its clients' sockets itself: the host has no channel
+    the kernel cannot read, so it asks nobody, and the forged "always" writes nothing. (Its
+    network is not closed there: what gets through is the fallback's documented limit.)"""
+    manager = KernelManager(kernel_name=FALLBACK_KERNEL)
+    manager.start_kernel(cwd=str(trusted))
+    client = manager.client()
+    client.start_channels()
+    try:
+        client.wait_for_ready(timeout=60)
+        with counting_http() as (port, _hits):
+            prompts, stdout = as_a_person(client, attack(port), once_forging("always"))
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)
+    assert prompts == [], stdout
+    assert granted(trusted) is None, stdout
