@@ -14,8 +14,9 @@ so the session's call loop, result building and lost-variables message are the s
   (``POST .../interrupt``); a call that still has not ended after ``interrupt_grace_ms`` is lost: the
   kernel is restarted through the gateway (``POST .../restart``) and the session reports the lost
   variables. Time spent waiting for an ``ask`` answer does not count.
-* **Egress questions**: the gateway has no agent callback, so its broker asks "the person" at the
-  cell's input prompt; this client answers that prompt (on stdin, over the websocket) with ``ask``.
+* **Egress questions**: the gateway has no agent callback, so its host asks "the person" at the
+  cell's input prompt, on its own relay's stdin; this client answers that prompt (on stdin, over the
+  websocket) with ``ask``.
 * **Data plane**: no shared memory between the machines, so bulk bytes travel as binary buffers on
   the websocket, in ``CHUNK_BYTES`` pieces (jupyter_server refuses websocket messages over 10 MiB):
   kernel to host as ``comm_msg`` on IOPub, host to kernel as ``ivralo_data_chunk`` on shell.
@@ -56,7 +57,7 @@ CHUNK_BYTES = 4 << 20
 PROTOCOL_VERSION = "5.4"
 READY_TIMEOUT_S = 60.0
 MAX_FRAME_BYTES = 64 << 20  # what we accept in one websocket message (our chunks are far smaller)
-# The kernel's egress question at the input prompt (kernel/egress_judge.py's ``_prompt``).
+# The host's egress question at the input prompt (host/person_question.py's ``prompt_text``).
 _EGRESS_PROMPT = re.compile(r"^(?P<question>.*)\. Allow\? \[(?P<choices>[a-z/]+)\] $", re.S)
 
 Asker = Callable[[str, tuple[str, ...]], Awaitable[str]]
