@@ -39,6 +39,11 @@ class FsPolicy:
     history_dir: str = field(default="")
     closed_reads: tuple[str, ...] = ()  # absolute: credential stores
     closed_writes: tuple[str, ...] = ()  # absolute: the person's configuration inside the workspace
+    # absolute: what other tools run or read by themselves (protocol.closed_names), existing or not,
+    # and in the sandbox every read-only mount inside the workspace (a placeholder, a project's .venv)
+    closed_tools: tuple[str, ...] = ()
+    home_inside: str = ""  # the home folder, when the workspace holds it: every dot-entry closed
+    home_kept_open: tuple[str, ...] = ()  # but IPython's folder, which the kernel writes its history to
 
     @property
     def state_dir(self) -> str:
@@ -105,7 +110,15 @@ def decide_write(operation: str, path: str, policy: FsPolicy, starting: bool = F
                 "what is written there runs or is trusted later, outside any review",
                 STOP,
             )
-    closed = closed_component(os.path.relpath(path, policy.workspace))
+    relative = os.path.relpath(path, policy.workspace)
+    closed = closed_component(relative)
+    if closed == ".git" and _parts(relative)[0] == ".git":
+        return refuse(
+            ".git/ is closed: a hook or a config change there would run later, outside any review (a new "
+            ".git/ in the workspace folder would run its config at the person's next git command here)",
+            "To start a repository in this folder, run `git init` outside the kernel, in a terminal; a clone "
+            f"into a subfolder works from here. {STOP}",
+        )
     if closed == ".git":
         return refuse(".git/ is closed: a hook or a config change there would run later, outside any review", STOP)
     if closed == ".ivralo":
@@ -117,6 +130,21 @@ def decide_write(operation: str, path: str, policy: FsPolicy, starting: bool = F
         first = _parts(os.path.relpath(path, policy.workspace))[0]
         if name in CONFIG_FILES or first in CONFIG_DIRS:
             return refuse(f"{name} is ivralo's configuration, and a grant", STOP)
+    home = policy.home_inside
+    in_home = home and _inside(path, home) and path != home and not any(_inside(path, p) for p in policy.home_kept_open)
+    if in_home and _parts(os.path.relpath(path, home))[0].startswith("."):
+        return refuse(
+            f"{path} is in a dot-entry of the home folder (the workspace holds it): shells, ssh, git and "
+            "editors run or trust what is there, outside any review",
+            STOP,
+        )
+    for tool in policy.closed_tools:
+        if _inside(path, tool):
+            return refuse(
+                f"{os.path.relpath(tool, policy.workspace)} is closed: other tools (an editor, git, direnv, CI) "
+                "or the host read or run it by themselves when the folder is next opened, outside any review",
+                f"Write your files elsewhere in the workspace. {STOP}",
+            )
     return None
 
 

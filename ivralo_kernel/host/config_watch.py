@@ -46,7 +46,7 @@ _ABSENT = "absent"
 def digest(path: Path) -> str:
     try:
         return hashlib.sha256(path.read_bytes()).hexdigest()
-    except FileNotFoundError:
+    except (FileNotFoundError, IsADirectoryError):  # a directory: the sandbox's placeholder, no file
         return _ABSENT
     except OSError:
         return "unreadable"
@@ -150,9 +150,10 @@ class WorkspaceFiles:
 
 def protected_in_sandbox(workspace: str) -> frozenset[str]:
     """What a sandboxed kernel cannot write: ``.ivralo/`` (made before the start, mounted read-only),
-    and ``.env`` and ``databases.json`` when they exist at start (read-only mounts)."""
-    present = {rel for rel in (DOTENV, DATABASES) if os.path.lexists(os.path.join(workspace, rel))}
-    return frozenset({PERMISSIONS, *present})
+    ``databases.json`` (read-only, or a read-only placeholder when missing) and ``.env`` when it
+    exists at start (a read-only mount)."""
+    present = {DOTENV} if os.path.lexists(os.path.join(workspace, DOTENV)) else set()
+    return frozenset({PERMISSIONS, DATABASES, *present})
 
 
 def approve(workspace: str, env: Mapping[str, str] = os.environ) -> list[str]:

@@ -26,9 +26,9 @@ from typing import Any
 from traitlets import Bool, Enum, Float, Int, List, Unicode, default
 from traitlets.config import Config, Configurable
 
+from ivralo_kernel.host.closed_paths import TOOL_FILES_DEFAULT
 from ivralo_kernel.host.config_files import CONFIG_FILE, config_files
 from ivralo_kernel.host.kernelspec import raw_launch_env
-from ivralo_kernel.host.sandbox import TOOL_FILES_DEFAULT
 from ivralo_kernel.protocol import ConfigError, names
 from ivralo_kernel.protocol.audience import AGENT, AUDIENCES, PERSON
 from ivralo_kernel.protocol.code_gate import (
