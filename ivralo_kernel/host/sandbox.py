@@ -216,7 +216,7 @@ class SandboxPlan:
     def _home(self) -> str | None:
         """The home folder when the workspace holds it (JupyterLab started there)."""
         home = os.path.realpath(self.home)
-        return home if home != self.workspace and _inside(home, self.workspace) else None
+        return home if _inside(home, self.workspace) else None
 
     def missing(self) -> list[Placeholder]:
         """What must exist before the sandbox is built for every closed path to be closed: a

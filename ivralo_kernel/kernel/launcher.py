@@ -229,7 +229,7 @@ def _ensure_ipython_profile() -> None:
 
 def _home_inside(workspace: str) -> str:
     home = os.path.realpath(os.path.expanduser("~"))
-    return home if home != workspace and home.startswith(workspace.rstrip(os.sep) + os.sep) else ""
+    return home if home == workspace or home.startswith(workspace.rstrip(os.sep) + os.sep) else ""
 
 
 def _closed_tools(workspace: str) -> tuple[str, ...]:
