@@ -242,8 +242,10 @@ def test_with_the_workspace_the_home_folder_every_dot_entry_stays_closed(
         )
         # The person's login shell, while the kernel runs: the placeholders change nothing it does.
         login = subprocess.run(["bash", "-l", "-c", "true"], capture_output=True, text=True, timeout=30)
+        git = subprocess.run(["git", "config", "--global", "--list"], capture_output=True, text=True, timeout=30)
     assert "PROFILE-RAN" in login.stdout, (login.stdout, login.stderr)
     assert not login.stderr.strip(), login.stderr
+    assert git.returncode in (0, 1) and not git.stderr.strip(), git.stderr  # the person's git reads its config
     assert (home / ".bashrc").read_text() == "# the person's\n", said
     for rel in (".ssh", ".local", ".config", ".bash_profile", ".zshrc", ".unlisted-rc"):
         assert not (home / rel).exists(), (rel, said, done.stdout)
@@ -308,3 +310,15 @@ def test_a_placeholder_the_person_filled_is_theirs(workspace: Path) -> None:
         (workspace / ".vscode" / "settings.json").write_text("{}\n")  # the host's own editor
         assert sh(kc, "cat .vscode/settings.json").strip() == "{}"
     assert (workspace / ".vscode" / "settings.json").read_text() == "{}\n"
+
+
+@pytest.mark.fast
+def test_every_default_and_its_reason_is_documented() -> None:
+    """A closed name added in the code without its row in the docs fails here."""
+    from ivralo_kernel.protocol.closed_names import HOME_FILES, TOOL_FILES
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "workspace-files.md").read_text()
+    for name, why in TOOL_FILES.items():
+        assert f"| `{name}` | {why} |" in text, name
+    for name, (_kind, _content, why) in HOME_FILES.items():
+        assert f"| `{name}` |" in text and why in text, name

@@ -222,14 +222,14 @@ class SandboxPlan:
         """What must exist before the sandbox is built for every closed path to be closed: a
         placeholder for each one that is missing (or whose link points to nothing yet, inside)."""
         wanted: list[tuple[str, str, str]] = []
+        home = self._home()
+        if home is not None:  # first: a home folder's .gitconfig must be a file (git fails on a folder)
+            for name, (kind, content, _why) in HOME_FILES.items():
+                wanted.append((os.path.join(home, name), kind, content))
         for path in self._closed_names():
             target = os.path.realpath(path) if os.path.islink(path) else path
             if _inside(target, self.workspace) and target != self.workspace:
                 wanted.append((target, "dir", ""))
-        home = self._home()
-        if home is not None:
-            for name, (kind, content, _why) in HOME_FILES.items():
-                wanted.append((os.path.join(home, name), kind, content))
         found: dict[str, Placeholder] = {}
         for path, kind, content in wanted:
             placeholder = placeholder_for(path, kind, content)

@@ -230,7 +230,10 @@ class IvraloSettings(Configurable):  # type: ignore[misc]
         list(TOOL_FILES_DEFAULT),
         config=True,
         help="Files and folders in the workspace that other tools run or read by themselves (an editor's "
-        "tasks, direnv): read-only in the sandbox, like .git, .ivralo and databases.json.",
+        "tasks, direnv, CI, git hooks): read-only in the sandbox, like .git, .ivralo and databases.json, "
+        "whether they exist at start or not (a missing one gets an empty folder as a placeholder while a "
+        "kernel runs). The defaults and why each is there: docs/workspace-files.md. A name that is a link "
+        "is closed at its target.",
     )
     history_cap_bytes = Count(
         256 * MIB,
