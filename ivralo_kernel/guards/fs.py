@@ -143,7 +143,7 @@ def decide_write(operation: str, path: str, policy: FsPolicy, starting: bool = F
             return refuse(
                 f"{os.path.relpath(tool, policy.workspace)} is closed: other tools (an editor, git, direnv, CI) "
                 "or the host read or run it by themselves when the folder is next opened, outside any review",
-                f"Write your files elsewhere in the workspace. {STOP}",
+                f"Change it outside the kernel (in your editor or a terminal), where you see what it does. {STOP}",
             )
     return None
 

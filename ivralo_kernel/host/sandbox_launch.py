@@ -135,7 +135,9 @@ def _code_trees(python: str) -> tuple[str, ...]:
 
     roots = [os.path.dirname(os.path.dirname(os.path.abspath(python)))]
     roots.append(os.path.dirname(os.path.dirname(os.path.realpath(python))))
-    roots += [sys.prefix, sys.base_prefix, os.path.dirname(os.path.dirname(os.path.abspath(ivralo_kernel.__file__)))]
+    package = os.path.dirname(os.path.abspath(ivralo_kernel.__file__))
+    # The package itself too: an editable checkout that is the workspace keeps its host code closed.
+    roots += [sys.prefix, sys.base_prefix, os.path.dirname(package), package]
     return tuple(roots)
 
 
