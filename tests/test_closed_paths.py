@@ -35,8 +35,9 @@ for p in {names}; do
   mkdir -p x.d; echo evil > x.d/evil; mv -fT x.d "$p"; rm -rf x.d
   rm -rf "$p"; ln -sfn "$PWD/decoy" "$p"; ln -s "$PWD/decoy" "$p/link"
 done
-git init -q . ; git config core.fsmonitor 'echo evil'
+G=git; "$G" init -q . ; git config core.fsmonitor 'echo evil'
 """
+# ("$G": the write guard refuses a `git init` it can read on the line; the OS is what is tried here.)
 PY_ATTACK = r"""
 import ctypes, json, os, shutil
 libc = ctypes.CDLL(None, use_errno=True)
@@ -186,8 +187,9 @@ def test_no_new_git_in_the_workspace_folder_when_it_is_a_subfolder_of_a_reposito
     assert Path(f"{marker}.control").exists(), "this git runs core.fsmonitor: the attack is real"
     status_before = person_runs_git_status(ws)
     with started_kernel(SANDBOXED_KERNEL, ws) as (_, kc):
-        said = sh(kc, f"git init . && git config core.fsmonitor 'touch {marker}'; printf 'gitdir: x' > .git")
+        said = sh(kc, f"G=git; $G init . && git config core.fsmonitor 'touch {marker}'; printf 'gitdir: x' > .git")
         done = execute(kc, "import os\ntry:\n    os.mkdir('.git/hooks')\nexcept OSError as e:\n    print(e)")
+        bang = execute(kc, "!git init")  # IPython's shell line: refused before git runs, with the sentence
         during = person_runs_git_status(ws)  # the person's git, while the kernel runs
     after = person_runs_git_status(ws)
     assert not marker.exists(), said
@@ -196,6 +198,7 @@ def test_no_new_git_in_the_workspace_folder_when_it_is_a_subfolder_of_a_reposito
     assert strip == [line for line in status_before.stdout.splitlines() if ".ivralo" not in line], during.stdout
     assert not (ws / ".git").exists(), "the placeholder is gone, and no .git came in its place"
     assert "run `git init` outside the kernel" in done.stdout, done.stdout
+    assert any("run `git init` outside the kernel" in str(o["content"].get("evalue")) for o in bang.outputs), bang
 
 
 def test_a_repository_cloned_into_a_subfolder_still_works(workspace: Path) -> None:
@@ -297,7 +300,7 @@ def test_placeholders_stay_while_another_kernel_of_the_workspace_lives(workspace
         with started_kernel(SANDBOXED_KERNEL, workspace) as (_, second):
             assert sh(second, "test -d .vscode && echo placeholder").strip() == "placeholder"
         assert (workspace / ".vscode").is_dir(), "the first kernel still needs its mount point"
-        said = sh(first, "mkdir -p .vscode && echo evil > .vscode/tasks.json; git init -q .")
+        said = sh(first, "mkdir -p .vscode && echo evil > .vscode/tasks.json; G=git; $G init -q .")
         assert not (workspace / ".vscode" / "tasks.json").exists(), said
         assert not (workspace / ".git" / "config").exists(), said
     assert not (workspace / ".vscode").exists() and not (workspace / ".git").exists()
@@ -322,3 +325,40 @@ def test_every_default_and_its_reason_is_documented() -> None:
         assert f"| `{name}` | {why} |" in text, name
     for name, (_kind, _content, why) in HOME_FILES.items():
         assert f"| `{name}` |" in text and why in text, name
+
+
+@pytest.mark.fast
+def test_the_write_guard_names_each_closed_path() -> None:
+    """The friendly refusal's decisions, as pure functions (the OS's are judged on disk above)."""
+    from ivralo_kernel.guards.fs import FsPolicy, decide_start, decide_write
+
+    ws = "/w"
+    policy = FsPolicy(
+        workspace=ws, closed_tools=("/w/.vscode", "/w/.venv"), home_inside="/w", home_kept_open=("/w/.ipython",)
+    )
+    assert decide_write("open", "/w/.vscode/tasks.json", policy) is not None
+    assert "run `git init` outside" in str(decide_write("create the folder", "/w/.git", policy))
+    assert "run `git init` outside" not in str(decide_write("open", "/w/sub/.git/config", policy))
+    assert "dot-entry of the home folder" in str(decide_write("open", "/w/.unlisted-rc", policy))
+    assert decide_write("open", "/w/.ipython/profile_default/history.sqlite", policy) is None
+    assert decide_write("open", "/w/notes.txt", policy) is None
+    for refused in (["git", "init"], ["git", "-C", ".", "init", "-q"], "git init", ["sh", "-c", "git init ."]):
+        assert decide_start(refused, ws, policy) is not None, refused
+    for allowed in (["git", "init", "sub"], "cd sub && git init", ["git", "init", "--bare", "x"], ["git", "status"]):
+        assert decide_start(allowed, ws, policy) is None, allowed
+    assert decide_start(["git", "init"], "/w/sub", policy) is None
+
+
+@pytest.mark.fast
+def test_read_only_mounts_are_read_from_the_mount_table(tmp_path: Path) -> None:
+    from ivralo_kernel.kernel.mounts import read_only_mounts_inside
+
+    table = tmp_path / "mountinfo"
+    table.write_text(
+        "1 0 0:1 / / ro,nosuid - ext4 /dev/root ro\n"
+        "2 1 0:2 /w /w rw,nosuid - ext4 /dev/root rw\n"
+        "3 2 0:2 /w/.vscode /w/.vscode ro,nosuid - ext4 /dev/root rw\n"
+        "4 2 0:2 /w/my\\040notes /w/my\\040notes ro - ext4 /dev/root rw\n"
+        "5 2 0:2 /w/.ivralo/history /w/.ivralo/history rw - ext4 /dev/root rw\n"
+    )
+    assert read_only_mounts_inside("/w", str(table)) == ["/w/.vscode", "/w/my notes"]

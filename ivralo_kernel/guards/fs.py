@@ -15,6 +15,7 @@ them directly.
 from __future__ import annotations
 
 import os
+import shlex
 from dataclasses import dataclass, field
 
 from ivralo_kernel.protocol import GuardRefusal, audience, names
@@ -145,6 +146,56 @@ def decide_write(operation: str, path: str, policy: FsPolicy, starting: bool = F
                 "or the host read or run it by themselves when the folder is next opened, outside any review",
                 f"Change it outside the kernel (in your editor or a terminal), where you see what it does. {STOP}",
             )
+    return None
+
+
+SHELLS = frozenset({"sh", "bash", "dash", "zsh"})
+GIT_OPTIONS_WITH_VALUE = frozenset({"-C", "-c", "--git-dir", "--work-tree", "--namespace", "--exec-path"})
+INIT_OPTIONS_WITH_VALUE = frozenset({"-b", "--initial-branch", "--template", "--separate-git-dir", "--object-format"})
+
+
+def _git_init_folder(words: list[str], cwd: str) -> str | None:
+    """The folder ``git [options] init [options] [folder]`` would make its ``.git`` in, if it is that."""
+    if not words or os.path.basename(words[0]) != "git":
+        return None
+    folder, i = cwd, 1
+    while i < len(words) and words[i].startswith("-"):
+        if words[i] == "-C" and i + 1 < len(words):
+            folder = os.path.join(folder, words[i + 1])
+        i += 2 if words[i] in GIT_OPTIONS_WITH_VALUE else 1
+    if i >= len(words) or words[i] != "init":
+        return None
+    i += 1
+    while i < len(words) and words[i].startswith("-"):
+        if words[i] == "--bare":
+            return None  # a bare repository's files are the folder itself, not a .git in it
+        i += 2 if words[i] in INIT_OPTIONS_WITH_VALUE else 1
+    target = words[i] if i < len(words) and words[i] not in ("&&", "||", ";", "|") else "."
+    return os.path.realpath(os.path.join(folder, target))
+
+
+def decide_start(args: object, cwd: str, policy: FsPolicy) -> GuardRefusal | None:
+    """A ``git init`` of the workspace folder itself, refused with the write guard's sentence before it
+    runs (the sandbox would stop its writes; this says why and what to do). A shell line that changes
+    folder (``cd sub && git init``) is left to the OS: a repository in a subfolder is allowed."""
+    if isinstance(args, (str, bytes)):
+        try:
+            words = shlex.split(os.fsdecode(args))
+        except ValueError:
+            return None
+        if any(w in ("cd", "pushd") for w in words):
+            return None
+        starts = [i for i, w in enumerate(words) if os.path.basename(w) == "git"]
+        folders = [_git_init_folder(words[i:], cwd) for i in starts]
+    elif isinstance(args, (list, tuple)):
+        words = [os.fsdecode(a) for a in args if isinstance(a, (str, bytes))]
+        if len(words) >= 3 and os.path.basename(words[0]) in SHELLS and words[1] == "-c":
+            return decide_start(words[2], cwd, policy)  # IPython's !line, subprocess's shell=True
+        folders = [_git_init_folder(words, cwd)]
+    else:
+        return None
+    if policy.workspace in folders:
+        return decide_write("start a repository in", os.path.join(policy.workspace, ".git"), policy)
     return None
 
 
