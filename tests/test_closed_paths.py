@@ -308,11 +308,16 @@ def test_placeholders_stay_while_another_kernel_of_the_workspace_lives(workspace
 
 
 def test_a_placeholder_the_person_filled_is_theirs(workspace: Path) -> None:
-    """A file the person's editor writes into a placeholder folder while the kernel runs is kept."""
+    """A file the person's editor writes into a placeholder folder while the kernel runs is kept, and
+    so is the repository the person starts in a terminal (the refusal's advice works while it runs)."""
     with started_kernel(SANDBOXED_KERNEL, workspace) as (_, kc):
         (workspace / ".vscode" / "settings.json").write_text("{}\n")  # the host's own editor
+        subprocess.run(["git", "init", "-q", str(workspace)], check=True, timeout=30)  # the person's terminal
         assert sh(kc, "cat .vscode/settings.json").strip() == "{}"
+        said = sh(kc, "echo evil > .git/hooks/pre-commit; ls .git/HEAD")
+        assert not (workspace / ".git" / "hooks" / "pre-commit").exists(), said
     assert (workspace / ".vscode" / "settings.json").read_text() == "{}\n"
+    assert person_runs_git_status(workspace).returncode == 0, "the person's new repository is theirs"
 
 
 @pytest.mark.fast
@@ -362,3 +367,14 @@ def test_read_only_mounts_are_read_from_the_mount_table(tmp_path: Path) -> None:
         "5 2 0:2 /w/.ivralo/history /w/.ivralo/history rw - ext4 /dev/root rw\n"
     )
     assert read_only_mounts_inside("/w", str(table)) == ["/w/.vscode", "/w/my notes"]
+
+
+def test_vs_codes_raw_launch_closes_missing_paths_and_removes_its_placeholders(workspace: Path, tmp_path: Path) -> None:
+    """VS Code runs kernel.json's argv itself: that host builds the sandbox, and makes and removes the
+    placeholders as the provisioner does."""
+    from test_vscode_launch import raw_launch
+
+    with raw_launch(workspace, tmp_path) as kernel:
+        said = sh(kernel.client, "mkdir -p .vscode && echo evil > .vscode/tasks.json; echo evil > .envrc")
+        assert (workspace / ".vscode").is_dir() and not (workspace / ".vscode" / "tasks.json").exists(), said
+    assert not (workspace / ".vscode").exists() and not (workspace / ".envrc").exists(), said
