@@ -5,9 +5,11 @@ them directly.
 
 * Writes are allowed only inside the workspace (resolved: symlinks, ``..``) and the kernel's own
   private temp folder; a symlink in the workspace that points out is outside. Closed even inside:
-  ``.git/`` and ``.ivralo/`` (any case spelling), ``.env`` files, and ivralo's configuration when the
-  config home is the workspace. The read-only role refuses every write, and so does the hermetic
-  surface (both keep the private temp folder, the hermetic surface's scratch).
+  ``.git/`` and ``.ivralo/`` (any case spelling; a ``git init`` of the workspace folder too), ``.env``
+  files, ivralo's configuration when the config home is the workspace, the tool files other programs
+  run by themselves (``protocol.closed_names``, and in the sandbox its read-only mounts), and every
+  dot-entry of the home folder when the workspace holds it. The read-only role refuses every write,
+  and so does the hermetic surface (both keep the private temp folder, the hermetic surface's scratch).
 * Reads are free except ``.env`` files (anywhere), ``.git/`` / ``.ivralo/`` (anywhere, any case) and
   the person's credential stores (``~/.ssh``, ``~/.aws``, ...: the policy's list).
 """

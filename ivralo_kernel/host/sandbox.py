@@ -4,9 +4,11 @@ One ``bwrap`` per kernel, with every namespace (user, mount, pid, ipc, uts, net,
 table is the write policy:
 
 * the root file system read-only; the workspace read-write;
-* closed paths that exist at start read-only over it: ``.git`` (and the git folder a ``.git`` file
-  points to, with its common folder), ``.ivralo`` (but for the kernel's history folder and the worker
-  log), ``databases.json``, and the configurable tool files that other programs run by themselves;
+* closed paths read-only over it, whether they exist at start or not (a placeholder for each missing
+  one, made by the host first: ``closed_paths``): ``.git`` (and the git folder a ``.git`` file points
+  to, with its common folder), ``.ivralo`` (but for the kernel's history folder and the worker log),
+  ``databases.json``, the configurable tool files that other programs run by themselves, the home
+  folder's dot-entries when the workspace holds it, and the host's interpreter where it lives inside;
 * each ``.env`` in the workspace covered by a private empty file;
 * ``/tmp``, ``/dev/shm``, ``/run``, ``$XDG_RUNTIME_DIR`` and Jupyter's runtime folder empty, so no unix
   socket of the machine can be reached (a read-only mount does not stop ``connect()``); the kernel's
