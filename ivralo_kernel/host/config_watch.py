@@ -150,10 +150,11 @@ class WorkspaceFiles:
 
 def protected_in_sandbox(workspace: str) -> frozenset[str]:
     """What a sandboxed kernel cannot write: ``.ivralo/`` (made before the start, mounted read-only),
-    ``databases.json`` (read-only, or a read-only placeholder when missing) and ``.env`` when it
-    exists at start (a read-only mount)."""
-    present = {DOTENV} if os.path.lexists(os.path.join(workspace, DOTENV)) else set()
-    return frozenset({PERMISSIONS, DATABASES, *present})
+    and ``.env`` and ``databases.json`` when they exist at start (read-only mounts). A missing
+    ``databases.json`` is closed by a placeholder, but stays watched: a person who deletes the
+    placeholder while the kernel runs detaches its mount."""
+    present = {rel for rel in (DOTENV, DATABASES) if os.path.isfile(os.path.join(workspace, rel))}
+    return frozenset({PERMISSIONS, *present})
 
 
 def approve(workspace: str, env: Mapping[str, str] = os.environ) -> list[str]:
