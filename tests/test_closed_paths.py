@@ -23,7 +23,7 @@ from ivralo_kernel.host.closed_paths import TOOL_FILES_DEFAULT
 
 CLOSED = (".git", ".ivralo", "databases.json", *TOOL_FILES_DEFAULT)
 FOLDERS = {".git", ".ivralo", ".vscode", ".idea", ".claude", ".cursor", ".zed", ".devcontainer", ".github"}
-FOLDERS |= {".husky", ".githooks"}
+FOLDERS |= {".husky", ".githooks", ".gemini", ".windsurf", ".continue"}
 GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
 
 # Every way in, for each closed name: make it, write it, write under it, rename a file and a folder
