@@ -7,6 +7,7 @@ ones must not disturb the person's own git, and must be gone when the last kerne
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -157,6 +158,20 @@ def test_a_closed_entry_that_is_a_symlink_is_closed_at_its_target(workspace: Pat
     assert not (ws / "agent-settings").exists(), "the target's placeholder is gone with the kernel"
     assert os.readlink(ws / ".claude") == "agent-settings"
     assert "closed: other tools" in done.stdout, done.stdout
+
+
+def test_a_replaced_link_is_named_in_the_hosts_log(workspace: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The one thing the sandbox cannot close: a link in the writable workspace folder can itself be
+    replaced (a mount follows the link). The host says so when the kernel ends."""
+    (workspace / "editor").mkdir()
+    (workspace / ".vscode").symlink_to("editor")
+    with caplog.at_level(logging.WARNING, logger="ivralo_kernel.host.closed_paths"):
+        with started_kernel(SANDBOXED_KERNEL, workspace) as (_, kc):
+            sh(kc, "rm .vscode && mkdir .vscode")
+        with started_kernel(SANDBOXED_KERNEL, workspace):  # .vscode is a folder now: closed, nothing to say
+            pass
+    said = [r.getMessage() for r in caplog.records if "was a link to" in r.getMessage()]
+    assert len(said) == 1 and str(workspace / ".vscode") in said[0], said
 
 
 @pytest.fixture

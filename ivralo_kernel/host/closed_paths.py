@@ -22,6 +22,7 @@ import contextlib
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import stat
 from collections.abc import Iterable, Iterator
@@ -31,6 +32,8 @@ from ivralo_kernel.protocol import names
 from ivralo_kernel.protocol.closed_names import DIR, FILE, HOME_FILES, TOOL_FILES, TOOL_FILES_DEFAULT
 
 __all__ = ["HOME_FILES", "TOOL_FILES", "TOOL_FILES_DEFAULT", "Placeholder", "WorkspaceClaim", "placeholder_for"]
+
+log = logging.getLogger(__name__)
 
 RECORD = "placeholders.jsonl"  # in .ivralo/: one line per placeholder a host made
 LOCK_ROOT = "/tmp"  # noqa: S108 - hidden in every sandbox: no kernel can take these locks
@@ -103,6 +106,7 @@ class WorkspaceClaim:
     def __init__(self, workspace: str) -> None:
         self.workspace = workspace
         self._users: int | None = None  # a shared lock on the users' file while the kernel may live
+        self.links: dict[str, str] = {}  # closed names that were links at start: where each pointed
         base = os.path.join(LOCK_ROOT, f"ivralo-closed-{os.geteuid()}")
         os.makedirs(base, mode=0o700, exist_ok=True)
         st = os.lstat(base)
@@ -156,10 +160,35 @@ class WorkspaceClaim:
             with os.fdopen(fd, "a", encoding="utf-8") as f:
                 f.write(lines)
 
+    def note_links(self, links: dict[str, str]) -> None:
+        """Closed names that are links now: the sandbox closes where they point, not the link itself."""
+        for path, target in links.items():
+            self.links.setdefault(path, target)
+
+    def replaced_links(self) -> list[str]:
+        """The closed links that are no longer the link they were at start (a kernel can replace one)."""
+        changed = []
+        for path, target in self.links.items():
+            try:
+                same = os.readlink(path) == target
+            except OSError:
+                same = False
+            if not same:
+                changed.append(path)
+        return changed
+
     def release(self) -> None:
         """The kernel has ended: give up its share; the last one out removes the placeholders."""
         if self._users is None:
             return
+        for path in self.replaced_links():
+            log.warning(
+                "ivralo: %r was a link to %r when the kernel started and is not now: code in the kernel may have "
+                "replaced it (the sandbox closes a link's target, not the link). Look at it before an editor or a "
+                "shell opens this folder.",
+                path,
+                self.links[path],
+            )
         os.close(self._users)
         self._users = None
         with self._editing():

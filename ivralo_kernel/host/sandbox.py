@@ -239,6 +239,24 @@ class SandboxPlan:
                 found[placeholder.path] = placeholder
         return list(found.values())
 
+    def closed_links(self) -> dict[str, str]:
+        """The closed names that are symlinks, with where each points (the home folder's dot-entries
+        too, when the workspace holds it): closed at their target, the link itself is not."""
+        paths = self._closed_names()
+        home = self._home()
+        if home is not None:
+            try:
+                paths += [e.path for e in os.scandir(home) if e.name.startswith(".") and e.is_symlink()]
+            except OSError:
+                pass
+        links: dict[str, str] = {}
+        for path in paths:
+            try:
+                links[path] = os.readlink(path)
+            except OSError:  # not a link
+                continue
+        return links
+
     def closed(self) -> list[str]:
         """Paths inside the workspace (and git folders it points to) that stay read-only: the closed
         names (at their target, for a link), the person's own configuration when the workspace holds

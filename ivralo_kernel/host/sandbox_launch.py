@@ -125,6 +125,7 @@ def sandboxed_command(
     # Each missing closed path gets its placeholder now, on the host, so that argv mounts it read-only.
     claim = folder.claims.get(workspace) or folder.claims.setdefault(workspace, WorkspaceClaim(workspace))
     claim.hold(plan.missing())
+    claim.note_links(plan.closed_links())  # a replaced one is named in the host's log when the kernel ends
     return plan.argv(cmd)
 
 
