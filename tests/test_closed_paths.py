@@ -206,8 +206,13 @@ def test_no_new_git_in_the_workspace_folder_when_it_is_a_subfolder_of_a_reposito
         done = execute(kc, "import os\ntry:\n    os.mkdir('.git/hooks')\nexcept OSError as e:\n    print(e)")
         bang = execute(kc, "!git init")  # IPython's shell line: refused before git runs, with the sentence
         during = person_runs_git_status(ws)  # the person's git, while the kernel runs
+        # The workspace folder itself as a bare repository (HEAD, objects/, refs/, config): git's
+        # discovery would take it before the person's repository above (its files but HEAD land: inert).
+        said += sh(kc, "G=git; $G init -q --bare . ; git config core.pager 'touch " + str(marker) + "'; ls")
+        git_dir = subprocess.run(["git", "rev-parse", "--absolute-git-dir"], cwd=ws, capture_output=True, text=True)
     after = person_runs_git_status(ws)
     assert not marker.exists(), said
+    assert git_dir.stdout.strip() == str(repo / ".git"), (git_dir, said)
     assert during.returncode == 0 and after.returncode == 0, (during.stderr, after.stderr)
     strip = [line for line in during.stdout.splitlines() if ".ivralo" not in line]
     assert strip == [line for line in status_before.stdout.splitlines() if ".ivralo" not in line], during.stdout

@@ -168,9 +168,7 @@ def _git_init_folder(words: list[str], cwd: str) -> str | None:
     if i >= len(words) or words[i] != "init":
         return None
     i += 1
-    while i < len(words) and words[i].startswith("-"):
-        if words[i] == "--bare":
-            return None  # a bare repository's files are the folder itself, not a .git in it
+    while i < len(words) and words[i].startswith("-"):  # --bare too: git's discovery takes the folder itself
         i += 2 if words[i] in INIT_OPTIONS_WITH_VALUE else 1
     target = words[i] if i < len(words) and words[i] not in ("&&", "||", ";", "|") else "."
     return os.path.realpath(os.path.join(folder, target))

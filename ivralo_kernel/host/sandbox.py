@@ -213,7 +213,24 @@ class SandboxPlan:
         return ["--tmpfs", path] if os.path.isdir(path) else ["--ro-bind", self.empty_file, path]
 
     def _closed_names(self) -> list[str]:
-        return [os.path.join(self.workspace, name) for name in (*CLOSED_SEED, *self.tool_files)]
+        names_here = [*CLOSED_SEED, *self.tool_files]
+        if self._in_a_repository():
+            # git's discovery takes a folder with HEAD, objects/ and refs/ for a bare repository before it
+            # looks further up: a HEAD that is a folder is no head, so the person's repository stays theirs.
+            names_here.append("HEAD")
+        return [os.path.join(self.workspace, name) for name in names_here]
+
+    def _in_a_repository(self) -> bool:
+        """Whether a folder above the workspace has a ``.git``: the person's git in the workspace is
+        that repository's, and a repository made in the workspace folder itself would take its place."""
+        folder = os.path.dirname(self.workspace)
+        while True:
+            if os.path.lexists(os.path.join(folder, ".git")):
+                return True
+            parent = os.path.dirname(folder)
+            if parent == folder:
+                return False
+            folder = parent
 
     def _home(self) -> str | None:
         """The home folder when the workspace holds it (JupyterLab started there)."""
