@@ -34,7 +34,7 @@ for p in {names}; do
   mkdir -p "$p/sub"; echo evil > "$p/sub/evil"; echo evil > "$p/evil"; echo evil > "$p"; echo evil >> "$p"
   echo evil > x.tmp; mv -f x.tmp "$p"; rm -f x.tmp
   mkdir -p x.d; echo evil > x.d/evil; mv -fT x.d "$p"; rm -rf x.d
-  rm -rf "$p"; ln -sfn "$PWD/decoy" "$p"; ln -s "$PWD/decoy" "$p/link"
+  mv "$p" "$p.moved"; rm -rf "$p"; ln -sfn "$PWD/decoy" "$p"; ln -s "$PWD/decoy" "$p/link"
 done
 G=git; "$G" init -q . ; git config core.fsmonitor 'echo evil'
 """
@@ -67,6 +67,7 @@ for p in NAMES:
     attempt(p + " replace", lambda: os.replace("y.tmp", p))
     os.makedirs("y.d", exist_ok=True)
     attempt(p + " replace folder", lambda: os.replace("y.d", p))
+    attempt(p + " move away", lambda: os.rename(p, p + ".moved"))
     attempt(p + " rmtree", lambda: shutil.rmtree(p) if os.path.isdir(p) else os.remove(p))
     attempt(p + " symlink", lambda: os.symlink(os.path.abspath("decoy"), p))
     attempt(p + " ctypes mkdir", lambda: c_call("mkdir", p + "/csub") if libc.mkdir(p.encode(), 0o755) else None)
@@ -134,6 +135,7 @@ def test_closed_paths_stay_closed_to_sh_python_and_ctypes(workspace: Path, at_st
             assert during[name] == before[name], (name, said, py)
             assert snapshot(ws / name) == before[name], name
     assert not list((ws / "decoy").iterdir()), "nothing went through a link into the decoy"
+    assert not list(ws.glob("*.moved")), "no closed path was moved away"
     # The friendly refusal: Python is told why, by the write guard, before the OS says no.
     assert "closed: other tools" in py[".vscode open under"], py[".vscode open under"]
     assert "run `git init` outside the kernel" in py[".git makedirs"], py[".git makedirs"]
