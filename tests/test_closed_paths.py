@@ -154,12 +154,17 @@ def test_a_closed_entry_that_is_a_symlink_is_closed_at_its_target(workspace: Pat
             "echo evil > .vscode/tasks.json; echo evil > editor/tasks.json; echo evil > editor/settings.json;"
             "mkdir -p agent-settings; echo evil > agent-settings/settings.json; echo evil > .claude/settings.json",
         )
-        done = execute(kc, "try:\n    open('editor/tasks.json', 'w')\nexcept OSError as e:\n    print(e)")
+        done = execute(
+            kc,
+            "import os\nfor f in (lambda: open('editor/tasks.json', 'w'), lambda: os.remove('.vscode')):\n"
+            "    try:\n        f()\n    except OSError as e:\n        print(e)",
+        )
     assert snapshot(ws / "editor") == before, said
     assert not (ws / "agent-settings" / "settings.json").exists(), said
     assert not (ws / "agent-settings").exists(), "the target's placeholder is gone with the kernel"
     assert os.readlink(ws / ".claude") == "agent-settings"
-    assert "closed: other tools" in done.stdout, done.stdout
+    assert done.stdout.count("closed: other tools") == 2, done.stdout  # the target, and the link itself
+    assert (ws / ".vscode").is_symlink()
 
 
 def test_a_replaced_link_is_named_in_the_hosts_log(workspace: Path, caplog: pytest.LogCaptureFixture) -> None:

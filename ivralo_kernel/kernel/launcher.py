@@ -233,12 +233,15 @@ def _home_inside(workspace: str) -> str:
 
 
 def _closed_tools(workspace: str) -> tuple[str, ...]:
-    """The tool files the write guard refuses with a sentence: the defaults, existing or not, and in
-    the sandbox every read-only mount inside the workspace (the host's own list of closed paths and
-    their placeholders, a project's .venv), read from this process's mount table."""
-    found = [os.path.join(workspace, name) for name in TOOL_FILES_DEFAULT]
+    """The tool files the write guard refuses with a sentence. In the sandbox, every read-only mount
+    inside the workspace, read from this process's mount table: the host's own list (its tool_files
+    setting) with the placeholders of missing ones, a project's .venv; and a default name that is a
+    link (the mount closes its target, not the link). Without the sandbox, the defaults."""
+    defaults = [os.path.join(workspace, name) for name in TOOL_FILES_DEFAULT]
     if os.environ.get(names.ENV_SANDBOX) == names.SANDBOX_BWRAP:
-        found += read_only_mounts_inside(workspace)
+        found = read_only_mounts_inside(workspace) + [p for p in defaults if os.path.islink(p)]
+    else:
+        found = defaults
     state = os.path.join(workspace, names.STATE_DIR)
     return tuple(p for p in dict.fromkeys(found) if not (p == state or p.startswith(state + os.sep)))
 
