@@ -111,7 +111,10 @@ class WorkspaceClaim:
         os.makedirs(base, mode=0o700, exist_ok=True)
         st = os.lstat(base)
         if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
-            raise OSError(f"{base} is not this user's own folder: the workspace's placeholders need one")
+            raise OSError(
+                f"{base} is not a folder of this user's: ivralo keeps the locks of its placeholders there (see "
+                "docs/workspace-files.md). Remove it (it holds only lock files) and start the kernel again."
+            )
         key = hashlib.sha256(os.path.realpath(workspace).encode()).hexdigest()[:24]
         self._users_path = os.path.join(base, f"{key}.users")
         self._edit_path = os.path.join(base, f"{key}.edit")
