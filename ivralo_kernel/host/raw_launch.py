@@ -32,11 +32,12 @@ import time
 import uuid
 from typing import Any, NoReturn
 
+from ivralo_kernel.host.closed_paths import TOOL_FILES_DEFAULT
 from ivralo_kernel.host.config_files import config_files
 from ivralo_kernel.host.config_watch import DOTENV, WorkspaceFiles, protected_in_sandbox
 from ivralo_kernel.host.history_ledger import HistoryRecorder
 from ivralo_kernel.host.kernelspec import SUPERVISOR_MODULE
-from ivralo_kernel.host.sandbox import TOOL_FILES_DEFAULT, availability, dotenv_for_kernel, prepare_workspace
+from ivralo_kernel.host.sandbox import availability, dotenv_for_kernel, prepare_workspace
 from ivralo_kernel.host.sandbox_launch import CHANNELS, SandboxFolder, kernel_connection, sandboxed_command
 from ivralo_kernel.protocol import KernelPolicy, database_env_names, names, scrub
 from ivralo_kernel.protocol.bootstrap import module_argv

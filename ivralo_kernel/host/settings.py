@@ -26,9 +26,9 @@ from typing import Any
 from traitlets import Bool, Enum, Float, Int, List, Unicode, default
 from traitlets.config import Config, Configurable
 
+from ivralo_kernel.host.closed_paths import TOOL_FILES_DEFAULT
 from ivralo_kernel.host.config_files import CONFIG_FILE, config_files
 from ivralo_kernel.host.kernelspec import raw_launch_env
-from ivralo_kernel.host.sandbox import TOOL_FILES_DEFAULT
 from ivralo_kernel.protocol import ConfigError, names
 from ivralo_kernel.protocol.audience import AGENT, AUDIENCES, PERSON
 from ivralo_kernel.protocol.code_gate import (
@@ -230,7 +230,10 @@ class IvraloSettings(Configurable):  # type: ignore[misc]
         list(TOOL_FILES_DEFAULT),
         config=True,
         help="Files and folders in the workspace that other tools run or read by themselves (an editor's "
-        "tasks, direnv): read-only in the sandbox, like .git, .ivralo and databases.json.",
+        "tasks, direnv, CI, git hooks): read-only in the sandbox, like .git, .ivralo and databases.json, "
+        "whether they exist at start or not (a missing one gets an empty folder as a placeholder while a "
+        "kernel runs). The defaults and why each is there: docs/workspace-files.md. A name that is a link "
+        "is closed at its target.",
     )
     history_cap_bytes = Count(
         256 * MIB,
