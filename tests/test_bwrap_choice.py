@@ -259,7 +259,24 @@ async def test_auto_falls_back_at_once_saying_why(
     assert namespaces == (os.readlink("/proc/self/ns/pid"), os.readlink("/proc/self/ns/mnt")), "no sandbox"
     mode = info["ivralo"]["layers"]["sandbox"]
     assert mode.startswith("none (") and words in mode and str(fake) in mode, mode
-    assert f"ivralo: no OS sandbox ({mode.removeprefix('none (')}" in info["banner"] or words in info["banner"]
+    reason = mode.removeprefix("none (").removesuffix(")")
+    assert f"ivralo: no OS sandbox ({reason}): running on the Python guards and Landlock only" in info["banner"]
+
+
+def test_doctor_says_why_the_sandbox_was_not_built(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from ivralo_kernel.cli.app import main
+
+    fake = fake_bwrap(tmp_path / "fake", fails="at start", words=MOUNT_ERROR)
+    monkeypatch.setenv(names.ENV_BWRAP, str(fake))
+    monkeypatch.chdir(tmp_path)
+    main(["doctor", "--json"])
+    report = json.loads(capsys.readouterr().out)
+    sandbox = next(c for c in report["checks"] if c["mechanism"] == "OS sandbox")
+    assert sandbox["status"] == "missing" and sandbox["next_step"], sandbox
+    assert sandbox["detail"].startswith(f"none (bubblewrap ({fake}) exited with status 1"), sandbox["detail"]
+    assert MOUNT_ERROR in sandbox["detail"], sandbox["detail"]
 
 
 def test_a_raw_launch_that_must_have_the_sandbox_fails_at_once(workspace: Path, tmp_path: Path) -> None:
