@@ -241,7 +241,12 @@ def test_a_required_start_through_jupyter_client_raises_at_once(
 
 @pytest.mark.parametrize(("fails", "words"), [("at start", MOUNT_ERROR), ("namespaces", NAMESPACE_ERROR)])
 async def test_auto_falls_back_at_once_saying_why(
-    workspace: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fails: str, words: str
+    workspace: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    fails: str,
+    words: str,
 ) -> None:
     fake = fake_bwrap(tmp_path / "fake", fails=fails, words=words)
     monkeypatch.setenv(names.ENV_BWRAP, str(fake))
@@ -261,6 +266,7 @@ async def test_auto_falls_back_at_once_saying_why(
     assert mode.startswith("none (") and words in mode and str(fake) in mode, mode
     reason = mode.removeprefix("none (").removesuffix(")")
     assert f"ivralo: no OS sandbox ({reason}): running on the Python guards and Landlock only" in info["banner"]
+    assert any(words in record.getMessage() for record in caplog.records), "the host's log says why too"
 
 
 def test_doctor_says_why_the_sandbox_was_not_built(

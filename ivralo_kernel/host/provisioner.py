@@ -233,6 +233,8 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
             bwrap, why, self.bwrap_report = choice.path, choice.why, choice.report()
         if bwrap is None and self.sandbox == "required":
             raise SandboxUnavailable(_required_but(why))
+        if bwrap is None and self.sandbox == "auto" and why != self.sandbox_reason:  # once per reason
+            self.log.warning("ivralo: this kernel runs without the OS sandbox: %s", why)
         self.sandboxed, self.sandbox_reason = bwrap is not None, "" if bwrap else why
         return bwrap
 
