@@ -183,7 +183,7 @@ def _debian_version(debian: str) -> str:
     return subprocess.run([debian, "--version"], capture_output=True, text=True, check=True).stdout.strip()
 
 
-DEBIAN_LACKS = "lacks --overlay-src, --tmp-overlay (bubblewrap 0.11.0): IPython's folder is a private tmpfs"
+OVERLAY_LACKED = "lacks --overlay-src, --tmp-overlay (bubblewrap 0.11.0): IPython's folder is a private tmpfs"
 
 
 def test_debian_s_bwrap_can_build_the_sandbox(debian_bwrap: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -201,7 +201,7 @@ def test_debian_s_bwrap_can_build_the_sandbox(debian_bwrap: Path, monkeypatch: p
     monkeypatch.setattr(sandbox_module, "wheel_bwrap", lambda: None)
     alone = choose_bwrap()
     assert alone.path == debian and alone.lacks == (IPYTHON_LAYER,), alone
-    assert DEBIAN_LACKS in alone.report(), alone.report()
+    assert OVERLAY_LACKED in alone.report(), alone.report()
 
 
 def test_kernels_stay_sandboxed_with_debian_s_bwrap_first_on_path(
@@ -227,15 +227,19 @@ def test_kernels_stay_sandboxed_with_debian_s_bwrap_first_on_path(
 STARTUP_SCRIPT = "FROM_THE_PERSON_S_STARTUP = 'ran'\n"
 
 
-@pytest.mark.parametrize("profile", ["fresh", "the person's"])
-def test_kernels_are_sandboxed_with_debian_s_bwrap(
-    debian_bwrap: Path, workspace: Path, monkeypatch: pytest.MonkeyPatch, profile: str
+CTYPES_CREATE = (
+    "import ctypes, os\nfd = ctypes.CDLL(None).open({path!r}.encode(), os.O_WRONLY | os.O_CREAT, 0o644)\n"
+    "print('fd', fd, 'errno', ctypes.get_errno())"
+)
+
+
+def assert_sandboxed_with(
+    bwrap: str, version: str, workspace: Path, monkeypatch: pytest.MonkeyPatch, profile: str
 ) -> None:
-    """Debian's bwrap named and first on PATH: the kernel's tree runs under it, in its own pid
-    namespace, ``.git`` and ``.env`` closed (judged on disk and from a shell), and IPython works on
-    its private tmpfs: a cell's history, ``%history``, the person's startup script read, and nothing
-    the kernel writes into IPython's folder reaches the disk."""
-    debian = str(debian_bwrap / "bwrap")
+    """``bwrap`` named and first on PATH: the kernel's tree runs under it, in its own pid namespace,
+    ``.git`` and ``.env`` closed (judged on disk; tried from a shell), and IPython works on its
+    private layer: a cell's history, ``%history``, the person's startup script read, and nothing the
+    kernel writes into IPython's folder (sh, Python, ctypes) reaches the disk."""
     # In the workspace (as where JupyterLab starts in the home folder): only the private layer keeps
     # the kernel's writes there off the disk (elsewhere the read-only root would refuse them too).
     ipython = workspace / ".ipython"
@@ -245,8 +249,8 @@ def test_kernels_are_sandboxed_with_debian_s_bwrap(
         startup.mkdir(parents=True)
         (startup / "00-person.py").write_text(STARTUP_SCRIPT)
     monkeypatch.setenv("IPYTHONDIR", str(ipython))
-    monkeypatch.setenv("PATH", f"{debian_bwrap}{os.pathsep}{os.environ['PATH']}")
-    monkeypatch.setenv(names.ENV_BWRAP, debian)
+    monkeypatch.setenv("PATH", f"{os.path.dirname(bwrap)}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv(names.ENV_BWRAP, bwrap)
     subprocess.run(["git", "init", "-q", str(workspace)], check=True)
     (workspace / ".env").write_text("IVRALO_TEST_DOTENV_SECRET=s3cr3t-from-dotenv\n")
     before = sorted(str(p.relative_to(ipython)) for p in ipython.rglob("*"))
@@ -257,25 +261,47 @@ def test_kernels_are_sandboxed_with_debian_s_bwrap(
         command = km.provisioner.process.args
         hook = sh(kc, "echo evil > .git/hooks/pre-commit; echo status=$?")
         dotenv = sh(kc, "cat .env; echo status=$?")
-        planted = sh(
-            kc, f"echo 'import os' > {startup}/99-evil.py; echo status=$?; touch {ipython}/new; echo status=$?"
-        )
+        planted = sh(kc, f"echo 'import os' > {startup}/99-evil.py; echo $?; touch {ipython}/new; echo $?")
         ran = execute(kc, "answer = 6 * 7\nprint(answer)")
         history = execute(kc, "%history -n")
         startup_ran = execute(kc, "print(globals().get('FROM_THE_PERSON_S_STARTUP'))")
         by_python = execute(kc, f"open({str(startup / '98-evil.py')!r}, 'w').write('x')")
-    assert command[0] == debian, command[:2]
+        by_ctypes = execute(kc, CTYPES_CREATE.format(path=str(startup / "97-evil.py")))
+    assert command[0] == bwrap, command[:2]
     assert inner_ns != os.readlink("/proc/self/ns/pid")
     assert not (workspace / ".git" / "hooks" / "pre-commit").exists(), hook
     assert "s3cr3t" not in dotenv and (workspace / ".env").read_text().startswith("IVRALO_TEST_DOTENV"), dotenv
-    assert sorted(str(p.relative_to(ipython)) for p in ipython.rglob("*")) == before, (planted, by_python.outputs)
+    after = sorted(str(p.relative_to(ipython)) for p in ipython.rglob("*"))
+    assert after == before, (planted, by_python.outputs, by_ctypes.stdout)
     assert ran.status == "ok" and ran.stdout == "42\n", ran
     assert history.status == "ok" and "answer = 6 * 7" in history.stdout, history
     assert startup_ran.stdout == ("None\n" if profile == "fresh" else "ran\n"), startup_ran
     banner = info["banner"]
-    assert f"ivralo: OS sandbox built with {names.ENV_BWRAP}'s bwrap {debian} (bubblewrap 0.8.0)" in banner, banner
-    assert DEBIAN_LACKS in banner, banner
+    assert f"ivralo: OS sandbox built with {names.ENV_BWRAP}'s bwrap {bwrap} (bubblewrap {version})" in banner, banner
+    assert OVERLAY_LACKED in banner, banner
     assert "Traceback" not in banner and "not a writable location" not in banner, banner
+
+
+@pytest.mark.parametrize("profile", ["fresh", "the person's"])
+def test_kernels_are_sandboxed_with_debian_s_bwrap(
+    debian_bwrap: Path, workspace: Path, monkeypatch: pytest.MonkeyPatch, profile: str
+) -> None:
+    assert_sandboxed_with(str(debian_bwrap / "bwrap"), "0.8.0", workspace, monkeypatch, profile)
+
+
+# Older bubblewraps, built from bubblewrap's release tags by .ci/build-bwrap-releases (the versions
+# Ubuntu 22.04, 24.04 and RHEL 9 ship, without their distributions' patches).
+RELEASES = [path for path in os.environ.get("IVRALO_TEST_BWRAP_RELEASES", "").split(os.pathsep) if path]
+
+
+@pytest.mark.skipif(not RELEASES, reason="IVRALO_TEST_BWRAP_RELEASES names no bwrap (.ci/build-bwrap-releases)")
+@pytest.mark.parametrize("bwrap", RELEASES or ["none"])
+def test_kernels_are_sandboxed_with_older_releases(
+    bwrap: str, workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    version = subprocess.run([bwrap, "--version"], capture_output=True, text=True, check=True).stdout.split()[-1]
+    assert probe(bwrap) is None, probe(bwrap)
+    assert_sandboxed_with(bwrap, version, workspace, monkeypatch, "the person's")
 
 
 def test_doctor_names_the_bwrap_used_and_why(
@@ -305,7 +331,7 @@ def test_doctor_says_what_debian_s_bwrap_lacks_and_what_is_used_instead(
     sandbox = next(c for c in report["checks"] if c["mechanism"] == "OS sandbox")
     assert sandbox["status"] == "ok", sandbox
     assert f"built with {names.ENV_BWRAP}'s bwrap {debian_bwrap / 'bwrap'} (bubblewrap 0.8.0)" in sandbox["detail"]
-    assert DEBIAN_LACKS in sandbox["detail"], sandbox["detail"]
+    assert OVERLAY_LACKED in sandbox["detail"], sandbox["detail"]
 
 
 # -- a sandbox that cannot be built ------------------------------------------------------------------
@@ -419,3 +445,29 @@ def test_a_raw_launch_falls_back_at_once(workspace: Path, tmp_path: Path) -> Non
         ran = execute(raw.client, "print('ran')")
     assert mode.startswith("none (") and MOUNT_ERROR in mode, mode
     assert ran.stdout == "ran\n", ran
+
+
+def test_a_raw_launch_builds_the_sandbox_with_debian_s_bwrap_and_says_what_it_lacks(
+    debian_bwrap: Path, workspace: Path, tmp_path: Path
+) -> None:
+    """VS Code's way: kernel.json's argv run as written, with Debian's bwrap named."""
+    from jupyter_client.kernelspec import KernelSpecManager
+    from test_vscode_launch import layers, raw_launch, tree_of
+
+    debian = str(debian_bwrap / "bwrap")
+    hooks = workspace / ".git" / "hooks"
+    hooks.mkdir(parents=True)
+    spec = KernelSpecManager().get_kernel_spec("ivralo")
+    spec.env = {**spec.env, names.ENV_BWRAP: debian}
+    with raw_launch(workspace, tmp_path, spec=spec) as raw:
+        mode = str(layers(raw)["sandbox"])
+        banner = raw.client.kernel_info(reply=True, timeout=10)["content"]["banner"]
+        commands = [cmd for cmd in tree_of(raw.proc.pid) if cmd]
+        said = sh(raw.client, f"echo evil > {hooks / 'pre-commit'}; echo $?")
+        history = execute(raw.client, "%history -n")
+    assert mode.startswith("bwrap:"), mode
+    assert any(cmd[0] == debian for cmd in commands), commands
+    assert not (hooks / "pre-commit").exists(), said
+    assert f"OS sandbox built with {names.ENV_BWRAP}'s bwrap {debian} (bubblewrap 0.8.0)" in banner, banner
+    assert OVERLAY_LACKED in banner and "Traceback" not in banner, banner
+    assert history.status == "ok" and "echo evil" in history.stdout, history

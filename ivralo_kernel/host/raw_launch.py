@@ -35,7 +35,7 @@ from typing import Any, NoReturn
 from ivralo_kernel.host.config_files import config_files
 from ivralo_kernel.host.config_watch import DOTENV, WorkspaceFiles, protected_in_sandbox
 from ivralo_kernel.host.kernelspec import SUPERVISOR_MODULE
-from ivralo_kernel.host.sandbox import TOOL_FILES_DEFAULT, availability, dotenv_for_kernel, prepare_workspace
+from ivralo_kernel.host.sandbox import TOOL_FILES_DEFAULT, choose_bwrap, dotenv_for_kernel, prepare_workspace
 from ivralo_kernel.host.sandbox_launch import (
     CHANNELS,
     SandboxFolder,
@@ -128,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     workspace = os.path.realpath(KernelPolicy.from_env(os.environ, os.getcwd()).workspace)
     if setting == "off":
         _fallback(args, workspace, "turned off by the kernelspec (sandbox='off')")
-    bwrap, why = availability()
+    choice = choose_bwrap()  # which bwrap, what it lacks and what is used instead: for the banner
+    bwrap, why = choice.path, choice.why
     if bwrap is None:
         if setting == "required":
             print(_required_but(why), file=sys.stderr)
@@ -140,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     client = client_connection(connection_file)
     folder = SandboxFolder.create()
     try:
-        return _run(bwrap, folder, client, connection_file, args, parent, workspace)
+        return _run(bwrap, folder, client, connection_file, args, parent, workspace, choice.report())
     except SandboxNotBuilt as failure:  # bwrap exited at once: fail now, or run without it now
         folder.remove()  # before the exec below, which skips the finally
         if setting == "required":
@@ -172,11 +173,15 @@ def _run(
     args: list[str],
     parent: int,
     workspace: str,
+    bwrap_report: str,
 ) -> int:
     inner_file, inner = kernel_connection(client, folder)
     prepare_workspace(workspace)  # .ivralo exists before the sandbox mounts it read-only
     files = WorkspaceFiles(workspace)
     env = kernel_env(workspace, files, protected_in_sandbox(workspace))
+    env[names.ENV_HOST_NOTES] = "\n".join(
+        filter(None, (env.get(names.ENV_HOST_NOTES), f"OS sandbox built with {bwrap_report}"))
+    )
     life_r, life_w = os.pipe()  # the supervisor inside sees EOF when this process is gone
     env[names.ENV_HOST_PIPE_FD] = str(life_r)
     inner_args = [*args]
