@@ -12,16 +12,19 @@ sandbox at once, saying why. Judged from outside: the file on disk, the kernel's
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import stat
 import subprocess
 import time
 from pathlib import Path
 
+import psutil
 import pytest
-from conftest import SANDBOXED_KERNEL
+from conftest import SANDBOXED_KERNEL, gone, wait_until
 from jupyter_client.manager import KernelManager
 from kernel_helpers import execute
 from sandbox_cases import sh, started_kernel
@@ -233,13 +236,27 @@ CTYPES_CREATE = (
 )
 
 
+def _wait_for_sleep(root: int) -> int:
+    def found() -> list[int]:
+        pids = []
+        for proc in psutil.Process(root).children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                if proc.cmdline() == ["sleep", "300"]:
+                    pids.append(proc.pid)
+        return pids
+
+    wait_until(lambda: bool(found()), 10, "the setsid child to appear")
+    return found()[0]
+
+
 def assert_sandboxed_with(
     bwrap: str, version: str, workspace: Path, monkeypatch: pytest.MonkeyPatch, profile: str
 ) -> None:
     """``bwrap`` named and first on PATH: the kernel's tree runs under it, in its own pid namespace,
     ``.git`` and ``.env`` closed (judged on disk; tried from a shell), and IPython works on its
     private layer: a cell's history, ``%history``, the person's startup script read, and nothing the
-    kernel writes into IPython's folder (sh, Python, ctypes) reaches the disk."""
+    kernel writes into IPython's folder (sh, Python, ctypes) reaches the disk. The supervisor's
+    SIGKILL ends the tree."""
     # In the workspace (as where JupyterLab starts in the home folder): only the private layer keeps
     # the kernel's writes there off the disk (elsewhere the read-only root would refuse them too).
     ipython = workspace / ".ipython"
@@ -267,6 +284,13 @@ def assert_sandboxed_with(
         startup_ran = execute(kc, "print(globals().get('FROM_THE_PERSON_S_STARTUP'))")
         by_python = execute(kc, f"open({str(startup / '98-evil.py')!r}, 'w').write('x')")
         by_ctypes = execute(kc, CTYPES_CREATE.format(path=str(startup / "97-evil.py")))
+        # The supervisor is the sandbox's init (--as-pid-1): its SIGKILL ends a child that left its session.
+        execute(kc, "import subprocess\nd = subprocess.Popen(['setsid', 'sleep', '300'])")
+        daemon = _wait_for_sleep(km.provisioner.process.pid)
+        supervisor = km.provisioner.supervisor_pid()
+        assert supervisor is not None
+        os.kill(supervisor, signal.SIGKILL)
+        wait_until(lambda: gone(daemon), 5.0, "the setsid child to be gone after the supervisor's SIGKILL")
     assert command[0] == bwrap, command[:2]
     assert inner_ns != os.readlink("/proc/self/ns/pid")
     assert not (workspace / ".git" / "hooks" / "pre-commit").exists(), hook
