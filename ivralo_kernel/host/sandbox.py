@@ -62,6 +62,7 @@ BWRAP_REQUIRED = (
     # 0.2.0. The supervisor is the sandbox's init: when it ends (even by SIGKILL) the Linux kernel ends
     # every process in the sandbox. Without it bwrap's own init waits for the last process: required.
     "--as-pid-1",
+    "--cap-add",  # 0.2.0
     "--new-session",  # 0.1.7: a session of its own, no terminal to type into (TIOCSTI)
     "--seccomp",  # 0.1.2
     "--ro-bind",
