@@ -179,13 +179,12 @@ def _run(
     prepare_workspace(workspace)  # .ivralo exists before the sandbox mounts it read-only
     files = WorkspaceFiles(workspace)
     env = kernel_env(workspace, files, protected_in_sandbox(workspace))
-    env[names.ENV_HOST_NOTES] = "\n".join(
-        filter(None, (env.get(names.ENV_HOST_NOTES), f"OS sandbox built with {bwrap_report}"))
-    )
     life_r, life_w = os.pipe()  # the supervisor inside sees EOF when this process is gone
     env[names.ENV_HOST_PIPE_FD] = str(life_r)
     inner_args = [*args]
     inner_args[inner_args.index("-f") + 1] = inner_file
+    notes = (env.get(names.ENV_HOST_NOTES), f"OS sandbox built with {bwrap_report}")  # for the banner
+    env[names.ENV_HOST_NOTES] = "\n".join(filter(None, notes))
     command = sandboxed_command(
         bwrap,
         folder,

@@ -393,6 +393,8 @@ class SandboxPlan:
     empty_file: str  # what each .env shows inside
     read_only_files: tuple[str, ...] = ()  # the connection file, the policy file
     tool_files: tuple[str, ...] = TOOL_FILES_DEFAULT
+    # The optional options this bwrap lacks (``lacked_options``): each is replaced as it says.
+    lacks: tuple[OptionalOption, ...] = ()
     env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
     home: str = field(default_factory=lambda: os.path.expanduser("~"))
     jupyter_runtime_dir: str | None = None
@@ -407,11 +409,6 @@ class SandboxPlan:
     # The kernel's exchange folder for the namespace API's data plane (on tmpfs, usually in /dev/shm):
     # bound back alone, at the same path, over the emptied /dev/shm.
     exchange_dir: str = ""
-    # The optional options this bwrap lacks (``lacked_options``): each is replaced as it says.
-    lacks: tuple[OptionalOption, ...] = ()
-
-    def offers(self, flag: str) -> bool:
-        return not any(flag in option.flags for option in self.lacks)
 
     def hidden(self) -> list[str]:
         """Existing folders whose content the sandbox must not see (empty inside), wherever they
@@ -453,6 +450,10 @@ class SandboxPlan:
             if path not in out and path not in ipython and not os.path.islink(path):
                 out.append(path)
         return out
+
+    def offers(self, flag: str) -> bool:
+        """Whether this plan's bwrap has ``flag`` (a required one, or an optional one it does not lack)."""
+        return not any(flag in option.flags for option in self.lacks)
 
     def private_layer(self, folder: str) -> list[str]:
         """``folder`` as it is, with the kernel's writes kept apart and gone with the sandbox: an
