@@ -393,8 +393,8 @@ class SandboxPlan:
     empty_file: str  # what each .env shows inside
     read_only_files: tuple[str, ...] = ()  # the connection file, the policy file
     tool_files: tuple[str, ...] = TOOL_FILES_DEFAULT
-    # The optional options this bwrap lacks (``lacked_options``): each is replaced as it says.
-    lacks: tuple[OptionalOption, ...] = ()
+    # The optional options this bwrap lacks, each replaced as it says; None: ask it (``lacked_options``).
+    lacks: tuple[OptionalOption, ...] | None = None
     env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
     home: str = field(default_factory=lambda: os.path.expanduser("~"))
     jupyter_runtime_dir: str | None = None
@@ -453,7 +453,8 @@ class SandboxPlan:
 
     def offers(self, flag: str) -> bool:
         """Whether this plan's bwrap has ``flag`` (a required one, or an optional one it does not lack)."""
-        return not any(flag in option.flags for option in self.lacks)
+        lacks = lacked_options(self.bwrap) if self.lacks is None else self.lacks
+        return not any(flag in option.flags for option in lacks)
 
     def private_layer(self, folder: str) -> list[str]:
         """``folder`` as it is, with the kernel's writes kept apart and gone with the sandbox: an

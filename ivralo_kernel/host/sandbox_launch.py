@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import IO, Any
 
 from ivralo_kernel.host.kernel_output import printable
-from ivralo_kernel.host.sandbox import SandboxPlan, lacked_options, prepare_workspace
+from ivralo_kernel.host.sandbox import SandboxPlan, prepare_workspace
 from ivralo_kernel.protocol import names, pipe
 
 PROXY_URL = f"http://127.0.0.1:{names.RELAY_PORT}"
@@ -125,7 +125,6 @@ def sandboxed_command(
         code_trees=_code_trees(cmd[0]),
         credential_store_paths=credential_stores,
         exchange_dir=exchange_dir,
-        lacks=lacked_options(bwrap),
     )
     return plan.argv(cmd)
 
