@@ -495,3 +495,32 @@ def test_a_raw_launch_builds_the_sandbox_with_debian_s_bwrap_and_says_what_it_la
     assert f"OS sandbox built with {names.ENV_BWRAP}'s bwrap {debian} (bubblewrap 0.8.0)" in banner, banner
     assert OVERLAY_LACKED in banner and "Traceback" not in banner, banner
     assert history.status == "ok" and "echo evil" in history.stdout, history
+
+
+def test_where_apparmor_allows_only_the_distribution_s_bwrap_it_builds_the_sandbox(
+    debian_bwrap: Path, workspace: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ubuntu 24.04's case, emulated: the system's bwrap (Debian's 0.8.0 standing in for Ubuntu's
+    0.9.0, which lacks the same options) comes first, and the wheel's cannot create namespaces (a
+    bwrap that says so and exits 1, as AppArmor leaves it). Kernels start sandboxed with the system's,
+    and the banner says why it and what it lacks."""
+    ubuntu = "Ubuntu 24.04 gives its own bwrap the AppArmor profile that lets it create namespaces"
+    denied = fake_bwrap(tmp_path / "wheel", fails="namespaces", words=NAMESPACE_ERROR)
+    monkeypatch.setattr(sandbox_module, "system_prefers_its_bwrap", lambda *_: ubuntu)
+    monkeypatch.setattr(sandbox_module, "wheel_bwrap", lambda: str(denied))
+    monkeypatch.setenv("PATH", f"{debian_bwrap}{os.pathsep}{os.environ['PATH']}")
+    debian = str(debian_bwrap / "bwrap")
+    hooks = workspace / ".git" / "hooks"
+    hooks.mkdir(parents=True)
+    with started_kernel(SANDBOXED_KERNEL, workspace) as (km, kc):
+        info = kc.kernel_info(reply=True, timeout=30)["content"]
+        said = sh(kc, f"echo evil > {hooks / 'pre-commit'}; echo $?")
+        kernel = km.provisioner.host_pid(int(info["ivralo"]["pid"]))
+        inner_ns = os.readlink(f"/proc/{kernel}/ns/pid")
+        command = km.provisioner.process.args
+    assert command[0] == debian, command[:2]
+    assert inner_ns != os.readlink("/proc/self/ns/pid")
+    assert not (hooks / "pre-commit").exists(), said
+    banner = info["banner"]
+    assert f"OS sandbox built with the system's bwrap {debian} (bubblewrap 0.8.0), {ubuntu}" in banner, banner
+    assert OVERLAY_LACKED in banner and NAMESPACE_ERROR in banner, banner
