@@ -71,6 +71,13 @@ ENV_EGRESS_SOCKET: Final = "IVRALO_EGRESS_SOCKET"  # the host's egress proxy (a 
 # A pipe's read end whose writer only the host holds: EOF means the host process is gone (inside a
 # sandbox the supervisor's parent is bwrap, which outlives the host; a thread's exit is not a death).
 ENV_HOST_PIPE_FD: Final = "IVRALO_HOST_PIPE_FD"
+# A pipe's write end the host passes through bwrap: the supervisor's first act is one line on it
+# (PIPE_STAGE + STAGE_SANDBOX_BUILT). EOF before that line means bwrap exited without building the
+# sandbox, and the host fails the start (or falls back) at once, with bwrap's own words.
+ENV_SANDBOX_UP_FD: Final = "IVRALO_SANDBOX_UP_FD"
+# The host's choice of bwrap, made by the person (a path): probed like any other, and the only one tried.
+ENV_BWRAP: Final = "IVRALO_BWRAP"
+STAGE_SANDBOX_BUILT: Final = "sandbox built"
 ENV_RELAY_PORT: Final = "IVRALO_RELAY_PORT"  # where the supervisor offers it on the sandbox's loopback
 # The kernel's exchange folder for the namespace API's data plane (host-made, on tmpfs where there is
 # one): the host creates each segment there; the kernel may write into and unlink what it finds.
