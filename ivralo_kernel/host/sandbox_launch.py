@@ -18,6 +18,7 @@ import tempfile
 from dataclasses import dataclass
 from typing import Any
 
+from ivralo_kernel.host import sandbox_limits
 from ivralo_kernel.host.sandbox import SandboxPlan, prepare_workspace
 from ivralo_kernel.protocol import names
 
@@ -94,6 +95,8 @@ def sandboxed_command(
     jupyter_runtime_dir: str | None,
     credential_stores: tuple[str, ...] = (),
     exchange_dir: str = "",
+    memory_hard_limit_bytes: int | None = None,
+    tmpfs_size_bytes: int | None = None,
 ) -> list[str]:
     """``cmd`` wrapped in bwrap; ``env`` gains what the kernel needs inside (its way out)."""
     prepare_workspace(workspace)
@@ -102,6 +105,10 @@ def sandboxed_command(
     env[names.ENV_RELAY_PORT] = str(names.RELAY_PORT)
     env.update(dict.fromkeys(PROXY_VARIABLES, PROXY_URL))
     env["NO_PROXY"] = env["no_proxy"] = ""  # localhost too: the relay knows which one is meant
+    scratch = tmpfs_size_bytes or sandbox_limits.scratch_bytes(memory_hard_limit_bytes)
+    limits = sandbox_limits.namespace_limits(scratch) if sandbox_limits.bwrap_adds_capabilities(bwrap) else ""
+    if limits:
+        env[names.ENV_NAMESPACE_LIMITS] = limits
     plan = SandboxPlan(
         bwrap=bwrap,
         workspace=workspace,
@@ -115,6 +122,8 @@ def sandboxed_command(
         code_trees=_code_trees(cmd[0]),
         credential_store_paths=credential_stores,
         exchange_dir=exchange_dir,
+        scratch_bytes=scratch,
+        namespace_limits=limits,
     )
     return plan.argv(cmd)
 
