@@ -277,3 +277,18 @@ async def test_system_v_shared_memory_is_capped(workspace: Path) -> None:
         ).stdout.splitlines()[1:]
         sizes = [int(line.split()[3]) for line in listed if line.strip()]
         assert sum(sizes) <= 64 * MIB, sizes
+
+
+async def test_in_the_fallback_the_observer_ends_a_kernel_that_takes_the_user_s_inotify(workspace: Path) -> None:
+    """Without a sandbox there is no namespace of the kernel's own to set a limit in: the host's
+    observer counts the tree's instances and ends it above its share."""
+    async with Session(workspace=workspace, config=config(sandbox="off")) as session:
+        assert await session.run("pass") == ""
+        assert not session.kernel_info["ivralo"]["layers"]["sandbox"].startswith("bwrap")
+        kernel = session.pid
+        assert kernel is not None
+        result = await session.run(TAKE_INOTIFY + "import time\ntime.sleep(100)\n")
+        assert isinstance(result, dict), result
+        assert result["error"].startswith("REPL worker terminated (inotify: "), result
+        wait_until(lambda: gone(kernel), 10, "the killed kernel to be gone")
+        assert _host_can_watch(8)

@@ -110,12 +110,15 @@ def sample_tree(
         with contextlib.suppress(psutil.Error):  # ended since the scan
             procs.append(psutil.Process(pid))
     cpu, rss = 0.0, 0
+    sizes: dict[int, int] = {}
     for proc in procs:
         try:
             with proc.oneshot():
                 times = proc.cpu_times()
                 cpu += times.user + times.system
-                rss += proc.memory_info().rss
+                memory = proc.memory_info()
+                rss += memory.rss
+                sizes[proc.pid] = memory.vms
         except psutil.Error:
             continue
     main = procs[1] if len(procs) > 1 else root  # the kernel is the supervisor's first child
@@ -123,7 +126,7 @@ def sample_tree(
         state, threads = main.status(), main.num_threads()
     except psutil.Error:
         state, threads = "gone", 0
-    held = held_memory.held((p.pid for p in procs), exchange_dir) if count_held else held_memory.Held()
+    held = held_memory.held((p.pid for p in procs), exchange_dir, sizes) if count_held else held_memory.Held()
     return Sample(clock(), cpu, rss, len(procs), state, _wchan(main.pid), threads, held.bytes, held.inotify)
 
 
