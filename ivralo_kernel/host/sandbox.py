@@ -189,6 +189,7 @@ class SandboxPlan:
     # What the supervisor lowers for the sandbox's namespaces (inotify, System V IPC): with it, bwrap
     # gives the supervisor CAP_SYS_RESOURCE, which it drops before the kernel starts.
     namespace_limits: str = ""
+    sized_tmpfs: bool = False  # this bwrap has --size (host/sandbox_limits.bwrap_sizes_tmpfs)
 
     def hidden(self) -> list[str]:
         """Existing folders whose content the sandbox must not see (empty inside), wherever they
@@ -219,7 +220,7 @@ class SandboxPlan:
             return ["--ro-bind", self.empty_file, path]
         # A file on a tmpfs is memory no RSS shows: each mount gets a size (bwrap >= 0.7.0).
         size = sandbox_limits.tmpfs_bytes(path, self.scratch_bytes)
-        return (["--size", str(size)] if sandbox_limits.bwrap_sizes_tmpfs(self.bwrap) else []) + ["--tmpfs", path]
+        return (["--size", str(size)] if self.sized_tmpfs else []) + ["--tmpfs", path]
 
     def closed(self) -> list[str]:
         """Paths inside the workspace (and git folders it points to) that stay read-only, the

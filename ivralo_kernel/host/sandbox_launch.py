@@ -124,6 +124,7 @@ def sandboxed_command(
         exchange_dir=exchange_dir,
         scratch_bytes=scratch,
         namespace_limits=limits,
+        sized_tmpfs=sandbox_limits.bwrap_sizes_tmpfs(bwrap),
     )
     return plan.argv(cmd)
 
