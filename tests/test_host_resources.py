@@ -8,6 +8,7 @@ Sizes stay modest (the machine is shared): limits of 256 MiB, writes of 400 MiB.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import shutil
@@ -19,7 +20,7 @@ import pytest
 from conftest import gone, wait_until
 
 from ivralo_kernel.host import Session, WorkerConfig
-from ivralo_kernel.host.sandbox_limits import inotify_instances_allowed
+from ivralo_kernel.host.sandbox_limits import inotify_instances_allowed, inotify_watches_allowed
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -295,3 +296,48 @@ async def test_in_the_fallback_the_observer_ends_a_kernel_that_takes_the_user_s_
         assert result["error"].startswith("REPL worker terminated (inotify: "), result
         wait_until(lambda: gone(kernel), 10, "the killed kernel to be gone")
         assert _host_can_watch(8)
+
+
+TAKE_WATCHES = """
+import ctypes, errno, os
+libc = ctypes.CDLL(None, use_errno=True)
+watcher = libc.inotify_init1(0)
+added, refused = 0, 0
+for folder, dirs, files in os.walk('/usr'):
+    for name in files + dirs:
+        if libc.inotify_add_watch(watcher, os.path.join(folder, name).encode(), 0x2) < 0:  # IN_MODIFY
+            refused = ctypes.get_errno()
+            break
+        added += 1
+    if refused:
+        break
+print(added, errno.errorcode.get(refused, refused))
+"""
+
+
+def _watches(pids: list[int]) -> int:
+    count = 0
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            for fd in os.listdir(f"/proc/{pid}/fdinfo"):
+                with contextlib.suppress(OSError), open(f"/proc/{pid}/fdinfo/{fd}", encoding="ascii") as f:
+                    count += sum(line.startswith("inotify wd:") for line in f)
+    return count
+
+
+async def test_a_kernel_s_inotify_watches_leave_the_user_s_own(workspace: Path) -> None:
+    share = inotify_watches_allowed()
+    async with Session(workspace=workspace, config=config()) as session:
+        supervisor = await sandboxed(session)
+        said = await session.run(TAKE_WATCHES)
+        held = _watches(_tree(supervisor))  # counted from outside, in the kernel's fdinfo
+        assert 0 < held <= share, (held, share, said)
+        fd = LIBC.inotify_init1(os.O_CLOEXEC)
+        assert fd >= 0, "the host's user has no inotify instance left"
+        try:
+            added = [
+                LIBC.inotify_add_watch(fd, str(path).encode(), 0x2) for path in list(Path("/usr/bin").iterdir())[:50]
+            ]
+            assert min(added) >= 0, f"the kernel's {held} watches left the host's user none"
+        finally:
+            os.close(fd)

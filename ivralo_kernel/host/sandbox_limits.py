@@ -77,11 +77,9 @@ def tmpfs_bytes(path: str, scratch: int) -> int:
 def namespace_limits(scratch: int) -> str:
     """What the supervisor writes under ``/proc/sys`` for the sandbox's own namespaces (see
     ``protocol.names.ENV_NAMESPACE_LIMITS``)."""
-    instances = _share(_read_int("/proc/sys/user/max_inotify_instances"), INOTIFY_INSTANCES_BASE, INOTIFY_INSTANCES_MAX)
-    watches = _share(_read_int("/proc/sys/user/max_inotify_watches"), INOTIFY_WATCHES_BASE, INOTIFY_WATCHES_MAX)
     limits = {
-        "user/max_inotify_instances": instances,
-        "user/max_inotify_watches": watches,
+        "user/max_inotify_instances": inotify_instances_allowed(),
+        "user/max_inotify_watches": inotify_watches_allowed(),
         "kernel/shmmax": min(scratch, SYSV_SHM_BYTES),
         "kernel/shmall": max(1, min(scratch, SYSV_SHM_BYTES) // PAGE),
         "kernel/msgmni": MSG_QUEUES,
@@ -92,6 +90,11 @@ def namespace_limits(scratch: int) -> str:
 def inotify_instances_allowed() -> int:
     """The sandbox's inotify instances (the observer's count for a kernel with no namespace limit)."""
     return _share(_read_int("/proc/sys/user/max_inotify_instances"), INOTIFY_INSTANCES_BASE, INOTIFY_INSTANCES_MAX)
+
+
+def inotify_watches_allowed() -> int:
+    """The sandbox's inotify watches, all instances together."""
+    return _share(_read_int("/proc/sys/user/max_inotify_watches"), INOTIFY_WATCHES_BASE, INOTIFY_WATCHES_MAX)
 
 
 def _share(machine: int | None, base: int, cap: int) -> int:
