@@ -43,7 +43,7 @@ from tornado.httpclient import HTTPRequest
 from tornado.websocket import WebSocketClientConnection, websocket_connect
 
 from ivralo_kernel.host.config import WorkerConfig
-from ivralo_kernel.host.dataplane import decode_segment, ipc_bytes
+from ivralo_kernel.host.dataplane import TransferRefusedError, checked_size, decode_segment, ipc_bytes
 from ivralo_kernel.host.escalation import Phase
 from ivralo_kernel.host.worker import WorkerSettings
 from ivralo_kernel.protocol import ConfigError, IvraloError, WorkerBootstrapError, names
@@ -535,18 +535,24 @@ class GatewayPool:
 # --- the data plane over the websocket ------------------------------------------------------------
 
 
-async def fetch_remote(call: NamespaceCall, envelope: dict[str, Any]) -> Any:
+async def fetch_remote(call: NamespaceCall, envelope: dict[str, Any], cap: int, why: str) -> Any:
     """Step two of ``get_var``/``get_dataframe`` behind a gateway: the kernel sends the prepared bytes
-    as the buffers of ``comm_msg``s on IOPub (a comm id of ours, which no comm of the kernel has)."""
+    as the buffers of ``comm_msg``s on IOPub (a comm id of ours, which no comm of the kernel has).
+    What the kernel declares is checked against ``cap`` before the host waits for any of it."""
     worker = call.worker
     assert isinstance(worker, GatewayWorker)
+    checked_size(call.operation, envelope, "size", cap, why)
     comm_id = f"ivralo-data-{uuid.uuid4().hex}"
     buffers = worker.kc.collect(comm_id)
     try:
         sent = json.loads(await call.value(f"{names.DATAPLANE_NAME}.send({comm_id!r}, {CHUNK_BYTES})"))
-        while len(buffers) < int(sent["chunks"]):  # IOPub may trail the shell reply
+        size = checked_size(call.operation, sent, "size", cap, why)
+        chunks = checked_size(call.operation, sent, "chunks", size // CHUNK_BYTES + 1, "its size in chunks")
+        while len(buffers) < chunks:  # IOPub may trail the shell reply
+            if sum(len(b) for b in buffers) > size:
+                break  # more than it declared: refused below, without waiting for the rest
             worker.kc.collected.clear()
-            if len(buffers) >= int(sent["chunks"]):
+            if len(buffers) >= chunks:
                 break
             if call.left_s() <= 0:
                 raise call.timeout()
@@ -555,8 +561,8 @@ async def fetch_remote(call: NamespaceCall, envelope: dict[str, Any]) -> Any:
         data = bytearray().join(buffers)
     finally:
         worker.kc.stop_collecting(comm_id)
-    if len(data) != int(sent["size"]):
-        raise ValueError(f"{call.operation}: the kernel said {sent['size']} bytes and {len(data)} came")
+    if len(data) != size:
+        raise TransferRefusedError(f"{call.operation}: the kernel said {size} bytes and {len(data)} came")
     return await asyncio.to_thread(decode_segment, envelope, data, len(data))
 
 

@@ -38,6 +38,7 @@ from ivralo_kernel.host.dataplane import clear_exchange_folder, create_exchange_
 from ivralo_kernel.host.egress_notes import NOTE_WAIT_S, EgressNotes
 from ivralo_kernel.host.egress_proxy import EgressProxy, Verdict
 from ivralo_kernel.host.escalation import DeadlinePolicy
+from ivralo_kernel.host.history_ledger import HistoryRecorder
 from ivralo_kernel.host.kernel_output import relay_output
 from ivralo_kernel.host.kernelspec import SUPERVISOR_MODULE
 from ivralo_kernel.host.prewarm import PER_KERNEL_ENV, SPARE_FLAG, Recipe, Spare, SpareKey, fingerprint
@@ -100,6 +101,7 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
     _egress_notes: EgressNotes | None = None
     _sandbox_folder: SandboxFolder | None = None
     exchange_dir: str | None = None  # the namespace API's shared-memory folder (host.dataplane)
+    history_recorder: HistoryRecorder | None = None  # records the write guard's copies (host.history_ledger)
     _supervisor: int | None = None
     _supervisor_process: psutil.Process | None = None  # the same, kept to end it if bwrap dies first
     _host_pipe: tuple[int, int] | None = None  # the sandbox's supervisor sees EOF when this process is gone
@@ -169,6 +171,8 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
         if self.workspace_files is not None:
             self.workspace_files.end()
         self.workspace_files = WorkspaceFiles(policy.workspace)
+        if self.history_recorder is None:  # before the kernel starts: what is in its history now is not its own
+            self.history_recorder = HistoryRecorder(policy.workspace, self.tool_files)
         if bwrap is not None:
             prepare_workspace(policy.workspace)  # .ivralo exists before the sandbox mounts it read-only
         protected = protected_in_sandbox(policy.workspace) if bwrap is not None else frozenset()
@@ -434,6 +438,7 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
             interrupt=self._interrupt_now,
             backstop=self._backstop_line,
             requested=self.relay.requested if self.relay is not None else None,
+            on_idle=self.history_recorder.poke if self.history_recorder is not None else None,
         )
         send = self.watchdog.send_control
         self._egress_notes = EgressNotes(lambda note, on_reply: send(names.MSG_EGRESS_NOTE, note, on_reply))
@@ -581,6 +586,14 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
         if self.broker is not None and not restart:
             self.broker.close()
         await super().cleanup(restart)
+        if self.history_recorder is not None:  # the tree is gone: nothing more is written to its history
+            # On this thread: cleanup also runs from atexit hooks, where no new thread may start. Each
+            # execution's end already recorded its copies, so this pass has little left to hash.
+            if restart:
+                self.history_recorder.record()
+            else:
+                self.history_recorder.close()
+                self.history_recorder = None
         if self.policy_file:
             with contextlib.suppress(OSError):
                 os.unlink(self.policy_file)
@@ -621,6 +634,7 @@ ADOPTED = (
     "workspace_files",
     "_sandbox_folder",
     "exchange_dir",
+    "history_recorder",
     "_supervisor",
     "_supervisor_process",
     "_host_pipe",

@@ -34,6 +34,7 @@ from typing import Any, NoReturn
 
 from ivralo_kernel.host.config_files import config_files
 from ivralo_kernel.host.config_watch import DOTENV, WorkspaceFiles, protected_in_sandbox
+from ivralo_kernel.host.history_ledger import HistoryRecorder
 from ivralo_kernel.host.kernelspec import SUPERVISOR_MODULE
 from ivralo_kernel.host.sandbox import TOOL_FILES_DEFAULT, availability, dotenv_for_kernel, prepare_workspace
 from ivralo_kernel.host.sandbox_launch import CHANNELS, SandboxFolder, kernel_connection, sandboxed_command
@@ -156,6 +157,7 @@ def _run(
     inner_file, inner = kernel_connection(client, folder)
     prepare_workspace(workspace)  # .ivralo exists before the sandbox mounts it read-only
     files = WorkspaceFiles(workspace)
+    history = HistoryRecorder(workspace, TOOL_FILES_DEFAULT)  # before the kernel: what is there is not its own
     env = kernel_env(workspace, files, protected_in_sandbox(workspace))
     life_r, life_w = os.pipe()  # the supervisor inside sees EOF when this process is gone
     env[names.ENV_HOST_PIPE_FD] = str(life_r)
@@ -213,6 +215,8 @@ def _run(
     while process.poll() is None:
         ready, _, _ = select.select([wake_r], [], [], PARENT_POLL_S)
         received = set(os.read(wake_r, 512)) if ready else set()
+        if history.changed():  # the write guard kept a copy: recorded on the recorder's own thread
+            history.poke()
         if supervisor_process is None:
             with contextlib.suppress(psutil.Error, TypeError):
                 supervisor_process = psutil.Process(find_in_tree(process.pid, SUPERVISOR_MODULE))  # type: ignore[arg-type]
@@ -240,6 +244,7 @@ def _run(
                         os.kill(pid, signal.SIGKILL)  # type: ignore[arg-type]
     proxy.close()
     files.end()
+    history.close()
     return from_returncode(process.returncode)
 
 

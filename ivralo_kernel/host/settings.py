@@ -368,6 +368,13 @@ class IvraloAgent(IvraloSettings):
     namespace_timeout_ms = Count(
         10_000, config=True, help="How long a namespace request (get_var, ...) may take, in ms."
     )
+    transfer_cap_bytes = Count(
+        None,
+        config=True,
+        help="The most bytes one get_var/get_dataframe may bring from the kernel: the size the kernel "
+        "declares is checked against it before the host reserves any memory (what the kernel says is not "
+        "trusted). None: the kernel's memory limit (memory_limit_bytes, or half the machine's memory).",
+    )
     max_workers = Count(8, config=True, help="The most workers the pool runs at once.")
     prewarm_pool_size = Count(0, minimum=0, config=True, help="Spare workers kept started and ready.")
     idle_ttl_seconds = Seconds(1800.0, config=True, help="A worker unused this long is ended, in seconds.")
