@@ -31,7 +31,7 @@ from jupyter_client.provisioning.local_provisioner import LocalProvisioner
 from traitlets.config import Config
 
 from ivralo_kernel import compat
-from ivralo_kernel.host import prewarm
+from ivralo_kernel.host import prewarm, sandbox_limits
 from ivralo_kernel.host.announce import answer_lost_execution
 from ivralo_kernel.host.broker import BrokerResponder
 from ivralo_kernel.host.channel_relay import ChannelRelay
@@ -147,6 +147,8 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
             memory_hard_limit_bytes=self.memory_hard_limit_bytes,
             observer_poll_ms=self.observer_poll_ms,
             stall_window_ms=self.stall_window_ms,
+            exchange_dir=self.exchange_dir,
+            inotify_instances_max=sandbox_limits.inotify_instances_allowed(),
         )
 
     async def pre_launch(self, **kwargs: Any) -> dict[str, Any]:
@@ -284,6 +286,8 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
             credential_stores=credential_store_paths(os.environ, self.credential_stores),
             jupyter_runtime_dir=os.path.dirname(connection_file) or None,
             exchange_dir=self.exchange_dir or "",
+            memory_hard_limit_bytes=self.memory_hard_limit_bytes,
+            tmpfs_size_bytes=self.tmpfs_size_bytes,
         )
 
     def _decide_egress(self, host: str, port: int) -> Verdict:

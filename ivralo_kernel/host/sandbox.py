@@ -36,6 +36,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ivralo_kernel.host import sandbox_limits
 from ivralo_kernel.host.closed_paths import HOME_FILES, TOOL_FILES_DEFAULT, Placeholder, placeholder_for
 from ivralo_kernel.protocol import database_env_names, names, scrub
 from ivralo_kernel.protocol.credentials import ScrubRule, config_home, credential_store_paths, home_config_inside
@@ -96,10 +97,15 @@ IPYTHON_LAYER = OptionalOption(
     "0.11.0",
     "IPython's folder is a private tmpfs with the person's files in it bound read-only",
 )
-# A flag of the same kind is one more entry here, and ``SandboxPlan.offers`` where it is used: e.g.
-# OptionalOption(("--size",), "0.7.0", "the tmpfs mounts have no size; the host's observer counts
-# their files toward the memory limit").
-BWRAP_OPTIONAL: tuple[OptionalOption, ...] = (IPYTHON_LAYER,)
+# Each tmpfs the sandbox mounts gets a size (host/sandbox_limits.py); without ``--size`` they have
+# none, and the host's observer still counts what they hold toward the memory limit.
+TMPFS_SIZE = OptionalOption(
+    ("--size",),
+    "0.7.0",
+    "the tmpfs mounts have no size of their own; the host's observer counts their files toward the memory limit",
+)
+# A flag of the same kind is one more entry here, and ``SandboxPlan.offers`` where it is used.
+BWRAP_OPTIONAL: tuple[OptionalOption, ...] = (IPYTHON_LAYER, TMPFS_SIZE)
 BWRAP_OPTIONS = BWRAP_REQUIRED + tuple(flag for option in BWRAP_OPTIONAL for flag in option.flags)
 OS_RELEASE = "/etc/os-release"
 # 1 where AppArmor lets only programs with a profile create user namespaces (Ubuntu 23.10 and later):
@@ -410,6 +416,12 @@ class SandboxPlan:
     # The kernel's exchange folder for the namespace API's data plane (on tmpfs, usually in /dev/shm):
     # bound back alone, at the same path, over the emptied /dev/shm.
     exchange_dir: str = ""
+    # The size of each scratch tmpfs (/tmp, /var/tmp, /dev/shm); see host/sandbox_limits.py.
+    scratch_bytes: int = field(default_factory=lambda: sandbox_limits.scratch_bytes(None))
+    # What the supervisor lowers for the sandbox's namespaces (inotify, System V IPC): with it, bwrap
+    # gives the supervisor CAP_SYS_RESOURCE, which it drops before the kernel starts.
+    namespace_limits: str = ""
+    sized_tmpfs: bool = False  # this bwrap has --size (host/sandbox_limits.bwrap_sizes_tmpfs)
 
     def hidden(self) -> list[str]:
         """Existing folders whose content the sandbox must not see (empty inside), wherever they
@@ -436,7 +448,11 @@ class SandboxPlan:
         return found
 
     def _empty(self, path: str) -> list[str]:
-        return ["--tmpfs", path] if os.path.isdir(path) else ["--ro-bind", self.empty_file, path]
+        if not os.path.isdir(path):
+            return ["--ro-bind", self.empty_file, path]
+        # A file on a tmpfs is memory no RSS shows: each mount gets a size (bwrap >= 0.7.0).
+        size = sandbox_limits.tmpfs_bytes(path, self.scratch_bytes)
+        return (["--size", str(size)] if self.sized_tmpfs else []) + ["--tmpfs", path]
 
     def _closed_names(self) -> list[str]:
         names_here = [*CLOSED_SEED, *self.tool_files]
@@ -553,6 +569,8 @@ class SandboxPlan:
         # paths that must show through all of that (the kernel's own files).
         a = [self.bwrap, "--unshare-all", "--as-pid-1", "--ro-bind", "/", "/"]
         a += ["--dev", "/dev", "--proc", "/proc"]
+        if self.namespace_limits:
+            a += ["--cap-add", "CAP_SYS_RESOURCE"]  # the supervisor's, for its namespace limits alone
         hidden, stores = self.hidden(), self.credential_stores()
         for path in [*hidden, *stores]:
             if not _inside(path, self.workspace):
@@ -582,6 +600,9 @@ class SandboxPlan:
                 a += ["--bind", path, path]
         for path in env_files(self.workspace):
             a += ["--ro-bind", self.empty_file, path]
+        # bwrap's /dev is a tmpfs with no size: read-only, so no file can be written there (its device
+        # nodes, /dev/pts and /dev/shm are mounts of their own and stay as they are).
+        a += ["--remount-ro", "/dev"]
         a += ["--chdir", self.workspace, "--"]
         return a + list(command)
 

@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass, field
 from typing import IO, Any
 
+from ivralo_kernel.host import sandbox_limits
 from ivralo_kernel.host.closed_paths import WorkspaceClaim
 from ivralo_kernel.host.kernel_output import printable
 from ivralo_kernel.host.sandbox import SandboxPlan, prepare_workspace
@@ -110,6 +111,8 @@ def sandboxed_command(
     jupyter_runtime_dir: str | None,
     credential_stores: tuple[str, ...] = (),
     exchange_dir: str = "",
+    memory_hard_limit_bytes: int | None = None,
+    tmpfs_size_bytes: int | None = None,
 ) -> list[str]:
     """``cmd`` wrapped in bwrap; ``env`` gains what the kernel needs inside (its way out)."""
     prepare_workspace(workspace)
@@ -118,6 +121,10 @@ def sandboxed_command(
     env[names.ENV_RELAY_PORT] = str(names.RELAY_PORT)
     env.update(dict.fromkeys(PROXY_VARIABLES, PROXY_URL))
     env["NO_PROXY"] = env["no_proxy"] = ""  # localhost too: the relay knows which one is meant
+    scratch = tmpfs_size_bytes or sandbox_limits.scratch_bytes(memory_hard_limit_bytes)
+    limits = sandbox_limits.namespace_limits(scratch) if sandbox_limits.bwrap_adds_capabilities(bwrap) else ""
+    if limits:
+        env[names.ENV_NAMESPACE_LIMITS] = limits
     plan = SandboxPlan(
         bwrap=bwrap,
         workspace=workspace,
@@ -131,6 +138,9 @@ def sandboxed_command(
         code_trees=_code_trees(cmd[0]),
         credential_store_paths=credential_stores,
         exchange_dir=exchange_dir,
+        scratch_bytes=scratch,
+        namespace_limits=limits,
+        sized_tmpfs=sandbox_limits.bwrap_sizes_tmpfs(bwrap),
     )
     # Each missing closed path gets its placeholder now, on the host, so that argv mounts it read-only.
     claim = folder.claims.get(workspace) or folder.claims.setdefault(workspace, WorkspaceClaim(workspace))

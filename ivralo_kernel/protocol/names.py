@@ -59,6 +59,9 @@ ENV_SUPERVISOR_LAYERS: Final = "IVRALO_SUPERVISOR_LAYERS"  # "subreaper=1,parent
 ENV_PARENT_PID: Final = "JPY_PARENT_PID"
 # The OS sandbox: "bwrap" when the kernel runs inside one, else why not (the fallback's reason).
 ENV_SANDBOX: Final = "IVRALO_SANDBOX"
+# "user/max_inotify_instances=16 kernel/shmall=65536 ...": what the supervisor, the sandbox's
+# namespace root, lowers for its own namespaces before the kernel starts (supervisor/namespace_limits.py)
+ENV_NAMESPACE_LIMITS: Final = "IVRALO_NAMESPACE_LIMITS"
 # Lines the host wants the kernel's banner to show (newline-separated), e.g. a workspace file ignored.
 ENV_HOST_NOTES: Final = "IVRALO_HOST_NOTES"
 # The sandbox setting (auto | required | off) for a raw launch, which reads no provisioner config:

@@ -208,6 +208,16 @@ def main(argv: list[str] | None = None) -> int:
     subreaper = linux.set_child_subreaper()  # step 2
     death_signal = linux.set_parent_death_signal(SIGNAL_PARENT_DIED)  # step 3
     os.environ[names.ENV_SUPERVISOR_LAYERS] = f"subreaper={int(subreaper)},parent_death_signal={int(death_signal)}"
+    limits = os.environ.pop(names.ENV_NAMESPACE_LIMITS, None)
+    if limits is not None:  # in the sandbox, before anything of the kernel's runs
+        from ivralo_kernel.supervisor import namespace_limits
+
+        try:
+            lowered = namespace_limits.apply(limits)
+        except (namespace_limits.LimitError, ValueError, OSError) as exc:
+            os.write(2, f"ivralo supervisor: cannot set the sandbox's namespace limits: {exc}\n".encode())
+            return 1
+        os.environ[names.ENV_SUPERVISOR_LAYERS] += f",namespace_limits={len(lowered)}"
     if os.getppid() != parent:
         return 1
 
