@@ -182,7 +182,7 @@ def _run(
         command,
         env=env,
         cwd=workspace,
-        pass_fds=(life_r,),
+        pass_fds=(life_r, *folder.rewind_seccomp()),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

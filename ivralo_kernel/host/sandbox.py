@@ -183,6 +183,8 @@ class SandboxPlan:
     # The kernel's exchange folder for the namespace API's data plane (on tmpfs, usually in /dev/shm):
     # bound back alone, at the same path, over the emptied /dev/shm.
     exchange_dir: str = ""
+    # A descriptor bwrap reads the seccomp filter from (passed to it by the launch), or None.
+    seccomp_fd: int | None = None
 
     def hidden(self) -> list[str]:
         """Existing folders whose content the sandbox must not see (empty inside), wherever they
@@ -234,6 +236,10 @@ class SandboxPlan:
         # workspace, then the workspace, then what is closed or emptied inside it, then the few
         # paths that must show through all of that (the kernel's own files).
         a = [self.bwrap, "--unshare-all", "--as-pid-1", "--ro-bind", "/", "/"]
+        # A session of its own: no terminal to push keystrokes into (TIOCSTI) from inside.
+        a += ["--new-session"]
+        if self.seccomp_fd is not None:  # loaded after the sandbox is built, before the supervisor runs
+            a += ["--seccomp", str(self.seccomp_fd)]
         a += ["--dev", "/dev", "--proc", "/proc"]
         hidden, stores = self.hidden(), self.credential_stores()
         for path in [*hidden, *stores]:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ivralo_kernel.host.sandbox import SandboxPlan, prepare_workspace
-from ivralo_kernel.protocol import names
+from ivralo_kernel.protocol import names, seccomp
 
 PROXY_URL = f"http://127.0.0.1:{names.RELAY_PORT}"
 CHANNELS = ("shell", "iopub", "stdin", "control", "hb")
@@ -29,12 +29,15 @@ PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "http
 @dataclass(frozen=True)
 class SandboxFolder:
     root: str
+    # The seccomp filter bwrap loads (``--seccomp FD``), in a memfd passed to each launch; -1 where
+    # no filter can be built for this machine (the supervisor then says so).
+    seccomp_fd: int = -1
 
     @classmethod
     def create(cls) -> SandboxFolder:
         root = tempfile.mkdtemp(prefix="ivralo-")  # short: a socket's sun_path holds 107 bytes
         os.makedirs(os.path.join(root, "run"), mode=0o700)
-        folder = cls(root)
+        folder = cls(root, _seccomp_program_fd())
         with open(folder.empty_file, "w", encoding="utf-8"):
             pass
         os.chmod(folder.empty_file, 0o444)
@@ -63,8 +66,28 @@ class SandboxFolder:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(f"{self.kernel_ip}-{number}")
 
+    def rewind_seccomp(self) -> tuple[int, ...]:
+        """The fds a launch passes on: bwrap reads the filter to its end, and every launch of this
+        folder's kernel (a restart, a replacement) shares the one file offset."""
+        if self.seccomp_fd < 0:
+            return ()
+        os.lseek(self.seccomp_fd, 0, os.SEEK_SET)
+        return (self.seccomp_fd,)
+
     def remove(self) -> None:
+        if self.seccomp_fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self.seccomp_fd)
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _seccomp_program_fd() -> int:
+    arch = seccomp.this_arch()
+    if arch is None:
+        return -1
+    fd = os.memfd_create("ivralo-seccomp", os.MFD_CLOEXEC)  # passed on by pass_fds alone
+    os.write(fd, seccomp.base_filter(arch))
+    return fd
 
 
 def kernel_connection(client: dict[str, Any], folder: SandboxFolder) -> tuple[str, dict[str, Any]]:
@@ -115,6 +138,7 @@ def sandboxed_command(
         code_trees=_code_trees(cmd[0]),
         credential_store_paths=credential_stores,
         exchange_dir=exchange_dir,
+        seccomp_fd=folder.seccomp_fd if folder.seccomp_fd >= 0 else None,
     )
     return plan.argv(cmd)
 

@@ -37,8 +37,9 @@ from ivralo_kernel.guards.network import install_network_guard
 from ivralo_kernel.kernel.broker_client import BROKER
 from ivralo_kernel.kernel.egress_judge import egress_judge
 from ivralo_kernel.kernel.launch_state import STATE
-from ivralo_kernel.kernel.sandbox_report import SANDBOX_DIRECT_REFUSAL, fallback_note, sandbox_layers
+from ivralo_kernel.kernel.sandbox_report import SANDBOX_DIRECT_REFUSAL, fallback_note, sandbox_layers, seccomp_report
 from ivralo_kernel.kernel.stages import SupervisorPipe, write_failure
+from ivralo_kernel.kernel.unix_sockets import close_unix_sockets
 from ivralo_kernel.protocol import KernelPolicy, audience, default_memory_limit, names
 from ivralo_kernel.protocol.credentials import config_home, credential_store_paths, home_config_inside
 from ivralo_kernel.protocol.egress import load_egress_policy
@@ -281,6 +282,7 @@ def main() -> None:
             "supervisor": bool(os.environ.get(names.ENV_SUPERVISOR_PID)),
             "subreaper": supervisor_layers.get("subreaper") == "1",
             "parent_death_signal": supervisor_layers.get("parent_death_signal") == "1",
+            "seccomp": seccomp_report(supervisor_layers.get("seccomp", "")),
             "write_guard": "audit hook",
             "read_guard": "audit hook",
             "trust_gate": "open (trusted folder)" if trusted else "closed (folder not trusted)",
@@ -308,6 +310,8 @@ def main() -> None:
         if not sandboxed:
             STATE.notes.append(fallback_note(os.environ.get(names.ENV_SANDBOX, "")))
         app = _build_app()  # step 6
+        # Its Jupyter sockets are bound: from here on no new unix socket, for it and its tree.
+        STATE.layers["unix_sockets"] = close_unix_sockets(app)
         file_guard.starting = False  # from here on, the kernel's own folders are closed too
         STATE.network.starting = False
         if trusted:
