@@ -186,12 +186,17 @@ server = socket.create_server(("127.0.0.1", 0)); port = server.getsockname()[1]
 socket.create_connection(("127.0.0.1", port), timeout=5).close()
 shell = subprocess.run(["sh", "-c", "echo shell-ok"], capture_output=True, text=True).stdout.strip()
 bang = get_ipython().getoutput("echo bang-ok")
+import matplotlib
+matplotlib.use("agg")
+import matplotlib.pyplot as plt
+plt.plot([1, 2]); plt.savefig("plot.png")
 open("works.txt", "w").write(f"{forked} {spawned} {got!r} {shell} {bang}")
 """
     with started_kernel(kernel_name, workspace) as (_, kc):
         done = execute(kc, code, timeout=90)
     assert done.status == "ok", "\n".join(done.reply["content"].get("traceback", []))
     assert (workspace / "works.txt").read_text() == "fork spawn b'x' shell-ok ['bang-ok']"
+    assert (workspace / "plot.png").read_bytes().startswith(b"\x89PNG"), "matplotlib draws"
 
 
 def test_the_filter_checks_its_architecture() -> None:
