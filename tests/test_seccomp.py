@@ -10,6 +10,7 @@ import contextlib
 import ctypes
 import os
 import socket
+import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -211,3 +212,43 @@ def test_the_filter_checks_its_architecture() -> None:
     assert seccomp.SECCOMP_RET_KILL_PROCESS in returns
     others = {w for w in returns if w != seccomp.SECCOMP_RET_KILL_PROCESS}
     assert others == {seccomp.SECCOMP_RET_ALLOW, seccomp.SECCOMP_RET_ERRNO | 1, seccomp.SECCOMP_RET_ERRNO | 38}
+
+
+MOUNTS = r"""
+import ctypes, os, subprocess
+libc = ctypes.CDLL(None, use_errno=True)
+os.makedirs("mnt", exist_ok=True)
+said = []
+for name, call in (
+    ("umount2(.git)", lambda: libc.umount2(b".git", 2)),  # MNT_DETACH
+    ("mount(tmpfs)", lambda: libc.mount(b"{tag}", b"mnt", b"tmpfs", 0, None)),
+    ("fsopen(tmpfs)", lambda: libc.syscall({fsopen}, b"tmpfs", 0)),
+):
+    said.append(f"{{name}}={{call()}}/{{ctypes.get_errno()}}")
+r = subprocess.run(["sh", "-c", "umount .git; umount -l .git; mount -t tmpfs {tag} mnt; echo evil >> .git/config"],
+                   capture_output=True, text=True)
+print(" ".join(said), r.stderr)
+"""
+
+
+@pytest.mark.parametrize("kernel_name", MODES)
+@pytest.mark.timeout(120)
+def test_no_mount_is_made_or_removed(kernel_name: str, workspace: Path) -> None:
+    """As root the sandbox keeps its user namespace's capabilities, and there ``umount .git`` takes
+    the read-only mount away (the next write lands in the real file). Landlock, when on, refuses
+    changes to the mount table too, but not ``fsopen``; the filter refuses all of them, with EPERM."""
+    assert ARCH is not None
+    (workspace / ".git").mkdir()
+    (workspace / ".git" / "config").write_text("[core]\n")
+    tag = f"ivralo-{uuid.uuid4().hex[:8]}"
+    with started_kernel(kernel_name, workspace) as (km, kc):
+        kernel = km.provisioner.host_pid(int(kc.kernel_info(reply=True, timeout=30)["content"]["ivralo"]["pid"]))  # type: ignore[union-attr]
+        done = execute(kc, MOUNTS.format(tag=tag, fsopen=ARCH.nr("fsopen")), timeout=60)
+        mounts = Path(f"/proc/{kernel}/mountinfo").read_text()
+    if tag in Path("/proc/self/mountinfo").read_text():  # the fallback shares our mount namespace
+        subprocess.run(["umount", "-l", str(workspace / "mnt")], check=False, timeout=30)
+    assert tag not in mounts, f"a tmpfs was mounted in the kernel's namespace: {done.stdout}"
+    said = done.stdout
+    assert "umount2(.git)=-1/1" in said and "mount(tmpfs)=-1/1" in said and "fsopen(tmpfs)=-1/1" in said, said
+    if kernel_name == SANDBOXED_KERNEL:
+        assert (workspace / ".git" / "config").read_text() == "[core]\n", f".git/config was written: {said}"

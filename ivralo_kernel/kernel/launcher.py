@@ -311,7 +311,9 @@ def main() -> None:
             STATE.notes.append(fallback_note(os.environ.get(names.ENV_SANDBOX, "")))
         app = _build_app()  # step 6
         # Its Jupyter sockets are bound: from here on no new unix socket, for it and its tree.
-        STATE.layers["unix_sockets"] = close_unix_sockets(app)
+        unix_sockets = STATE.layers["unix_sockets"] = close_unix_sockets(app)
+        if not unix_sockets.startswith("closed"):
+            STATE.notes.append(f"unix sockets of this machine are reachable from the kernel: {unix_sockets}")
         file_guard.starting = False  # from here on, the kernel's own folders are closed too
         STATE.network.starting = False
         if trusted:

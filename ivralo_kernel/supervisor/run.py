@@ -89,7 +89,7 @@ def _seccomp() -> str:
         seccomp.install(seccomp.base_filter(arch), arch)
     except seccomp.SeccompUnavailable as exc:
         print(f"ivralo supervisor: no seccomp filter: {exc}", file=sys.stderr)
-        return "none: the kernel refused it"
+        return f"none: Linux refused it ({str(exc).replace(',', ';')})"
     return "supervisor"
 
 
