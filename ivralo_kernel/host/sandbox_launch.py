@@ -85,7 +85,10 @@ def _seccomp_program_fd() -> int:
     arch = seccomp.this_arch()
     if arch is None:
         return -1
-    fd = os.memfd_create("ivralo-seccomp", os.MFD_CLOEXEC)  # passed on by pass_fds alone
+    try:
+        fd = os.memfd_create("ivralo-seccomp", os.MFD_CLOEXEC)  # passed on by pass_fds alone
+    except OSError:  # a container's profile may refuse memfd_create: the supervisor installs it then
+        return -1
     os.write(fd, seccomp.base_filter(arch))
     return fd
 
@@ -121,6 +124,8 @@ def sandboxed_command(
     """``cmd`` wrapped in bwrap; ``env`` gains what the kernel needs inside (its way out)."""
     prepare_workspace(workspace)
     env[names.ENV_SANDBOX] = names.SANDBOX_BWRAP
+    if folder.seccomp_fd >= 0:
+        env[names.ENV_SECCOMP_BY_BWRAP] = "1"
     env[names.ENV_EGRESS_SOCKET] = folder.egress_socket
     env[names.ENV_RELAY_PORT] = str(names.RELAY_PORT)
     env.update(dict.fromkeys(PROXY_VARIABLES, PROXY_URL))

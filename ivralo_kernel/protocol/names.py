@@ -59,6 +59,8 @@ ENV_SUPERVISOR_LAYERS: Final = "IVRALO_SUPERVISOR_LAYERS"  # "subreaper=1,parent
 ENV_PARENT_PID: Final = "JPY_PARENT_PID"
 # The OS sandbox: "bwrap" when the kernel runs inside one, else why not (the fallback's reason).
 ENV_SANDBOX: Final = "IVRALO_SANDBOX"
+# Set by the host when it gave bwrap the base seccomp filter (``--seccomp``): the supervisor installs it otherwise.
+ENV_SECCOMP_BY_BWRAP: Final = "IVRALO_SECCOMP_BY_BWRAP"
 # Lines the host wants the kernel's banner to show (newline-separated), e.g. a workspace file ignored.
 ENV_HOST_NOTES: Final = "IVRALO_HOST_NOTES"
 # The sandbox setting (auto | required | off) for a raw launch, which reads no provisioner config:

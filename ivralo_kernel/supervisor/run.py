@@ -11,9 +11,9 @@ Order of steps, and why each comes where it does:
 4. Pass SIGINT on to the kernel's process group. The kernel gets a process group of its own, so
    exactly one SIGINT reaches it whichever way the interrupt came: jupyter_client signals our
    group (we alone are in it), VS Code signals the pid it launched (us).
-5. Fork and exec the kernel in a session (and process group) of its own, with a scrubbed environment, a stage pipe,
-   and a SIGKILL parent-death signal, so a supervisor that is itself SIGKILLed does not leave a
-   kernel behind.
+5. Fork and exec the kernel in a session (and process group) of its own, with a scrubbed
+   environment, a stage pipe, and a SIGKILL parent-death signal, so a supervisor that is itself
+   SIGKILLed does not leave a kernel behind.
 6. Wait. The kernel exiting, SIGTERM (stop gracefully), SIGUSR1 (kill now), the parent-death
    signal, or a changed ``getppid()`` each end the wait; then the whole tree is frozen and killed,
    and we exit with the kernel's status.
@@ -83,8 +83,10 @@ def _seccomp() -> str:
     arch = seccomp.this_arch()
     if arch is None:
         return "none: no filter for this architecture"
-    if os.environ.get(names.ENV_SANDBOX) == names.SANDBOX_BWRAP and seccomp.filters_in_force() > 0:
-        return "bwrap"  # nothing but bwrap runs in the sandbox before us
+    # The host says it gave bwrap the filter, and a filter is there (a container's runtime may have
+    # one of its own, so the count alone would not say it is ours).
+    if os.environ.pop(names.ENV_SECCOMP_BY_BWRAP, "") == "1" and seccomp.filters_in_force() > 0:
+        return "bwrap"
     try:
         seccomp.install(seccomp.base_filter(arch), arch)
     except seccomp.SeccompUnavailable as exc:
