@@ -60,6 +60,7 @@ buf = ctypes.create_string_buffer(256)
 serial = libc.syscall(NR["request_key"], b"user", {host_key!r}.encode(), None, -3)
 n = libc.syscall(NR["keyctl"], 11, serial, buf, 256)  # KEYCTL_READ of the host's key
 open("keyring-read.txt", "wb").write(buf.raw[: max(n, 0)])
+open("keys-listed.txt", "w").write(open("/proc/keys").read())
 # Each child says "tried" once its attempt is made (in the new namespace, or after a refusal), then
 # stays: the cell waits for that line from each, so the host looks after every attempt.
 def child(argv):
@@ -163,6 +164,8 @@ def test_kernel_interfaces_are_refused(kernel_name: str, workspace: Path, host_k
     assert not tracers, f"a process of the tree is traced: {tracers}"
     assert new_key not in Path("/proc/keys").read_text(), f"the kernel added a key to a keyring: {said}"
     assert secret.encode() not in (workspace / "keyring-read.txt").read_bytes(), "the host's key was read"
+    if kernel_name == SANDBOXED_KERNEL:  # in the fallback /proc/keys is the host's (names, never contents)
+        assert key_name not in (workspace / "keys-listed.txt").read_text(), "the host's key is listed by name"
     assert "clone3=-1/ENOSYS" in said, f"clone3 says ENOSYS (glibc then uses clone): {said}"
     for name in ("io_uring_setup", "userfaultfd", "perf_event_open", "bpf", "socket", "add_key"):
         assert f"{name}=-1/EPERM" in said, f"{name} is refused with EPERM, not a kill: {said}"

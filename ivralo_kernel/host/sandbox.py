@@ -241,6 +241,8 @@ class SandboxPlan:
         if self.seccomp_fd is not None:  # loaded after the sandbox is built, before the supervisor runs
             a += ["--seccomp", str(self.seccomp_fd)]
         a += ["--dev", "/dev", "--proc", "/proc"]
+        # The person's keys are listed there by name (the filter refuses keyctl, so not by content).
+        a += ["--ro-bind", self.empty_file, "/proc/keys", "--ro-bind", self.empty_file, "/proc/key-users"]
         hidden, stores = self.hidden(), self.credential_stores()
         for path in [*hidden, *stores]:
             if not _inside(path, self.workspace):

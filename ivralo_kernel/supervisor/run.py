@@ -87,6 +87,7 @@ def _seccomp() -> str:
     # one of its own, so the count alone would not say it is ours).
     if os.environ.pop(names.ENV_SECCOMP_BY_BWRAP, "") == "1" and seccomp.filters_in_force() > 0:
         return "bwrap"
+    linux.leave_the_session_keyring(arch.nr("keyctl"))  # before the filter refuses keyctl
     try:
         seccomp.install(seccomp.base_filter(arch), arch)
     except seccomp.SeccompUnavailable as exc:
