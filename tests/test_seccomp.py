@@ -139,6 +139,8 @@ def test_kernel_interfaces_are_refused(kernel_name: str, workspace: Path, host_k
         kernel = km.provisioner.host_pid(int(layers["pid"]))  # type: ignore[union-attr]
         by = "bwrap" if kernel_name == SANDBOXED_KERNEL else "supervisor"  # before any code of the kernel runs
         assert layers["layers"]["seccomp"].endswith(f"installed by {by}"), layers["layers"]["seccomp"]
+        assert layers["layers"]["unix_sockets"].startswith("closed: no new AF_UNIX socket"), layers["layers"]
+        assert "not bound within" not in layers["layers"]["unix_sockets"], "the filter waited for the heartbeat"
         done = execute(kc, PROBE.format(nr=nr, key=new_key, host_key=key_name), timeout=60)
         assert done.status == "ok", done.outputs
         tree = _descendants(kernel)

@@ -30,10 +30,33 @@ def _heartbeat_socket(app: Any) -> str | None:
     return f"{ip}-{port}" if ip and port else None
 
 
+def _bound_here(path: str) -> bool:
+    """Whether a socket of this process is bound to ``path`` (a file left there by a kernel before
+    this one does not count): its inode among our descriptors and, with that path, in the table of
+    unix sockets."""
+    ours = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            link = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            ours.add(link[8:-1])
+    try:
+        with open("/proc/net/unix", encoding="utf-8", errors="replace") as table:
+            for line in table:
+                fields = line.split()
+                if len(fields) >= 8 and fields[7] == path and fields[6] in ours:
+                    return True
+    except OSError:
+        return os.path.exists(path)
+    return False
+
+
 def _wait_until_bound(path: str) -> bool:
     deadline = time.monotonic() + HEARTBEAT_BIND_TIMEOUT_S
     while time.monotonic() < deadline:
-        if os.path.exists(path):
+        if _bound_here(path):
             return True
         time.sleep(_POLL_S)  # polling a condition under a deadline: ZMQ's thread gives no signal
     return False
@@ -45,12 +68,13 @@ def close_unix_sockets(app: Any) -> str:
     if arch is None:
         return "open: no seccomp filter for this architecture (x86_64 and aarch64 only)"
     heartbeat = _heartbeat_socket(app)
-    if heartbeat is not None:
-        # Not bound in time: the filter goes in anyway. A heartbeat that cannot bind shows as a dead
-        # kernel, which the host reports; no filter would be a hole nobody sees.
-        _wait_until_bound(heartbeat)
+    late = ""
+    if heartbeat is not None and not _wait_until_bound(heartbeat):
+        # The filter goes in anyway: a heartbeat that cannot bind shows as a dead kernel, which the
+        # host reports; no filter would be a hole nobody sees.
+        late = f" (the heartbeat's socket was not bound within {HEARTBEAT_BIND_TIMEOUT_S:g} s)"
     try:
         seccomp.install(seccomp.unix_socket_filter(arch), arch, all_threads=True)
     except seccomp.SeccompUnavailable as exc:
         return f"open: {exc}"
-    return "closed: no new AF_UNIX socket (seccomp, every thread and every child)"
+    return "closed: no new AF_UNIX socket (seccomp, every thread and every child)" + late
