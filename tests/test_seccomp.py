@@ -22,6 +22,7 @@ from kernel_helpers import execute
 from sandbox_cases import started_kernel
 
 from ivralo_kernel.protocol import seccomp
+from ivralo_kernel.protocol.bpf import BpfError, Program
 
 ARCH = seccomp.this_arch()
 pytestmark = pytest.mark.skipif(ARCH is None, reason="seccomp filters are built for x86_64 and aarch64 only")
@@ -206,6 +207,7 @@ open("works.txt", "w").write(f"{forked} {spawned} {got!r} {shell} {bang}")
     assert (workspace / "plot.png").read_bytes().startswith(b"\x89PNG"), "matplotlib draws"
 
 
+@pytest.mark.fast
 def test_the_filter_checks_its_architecture() -> None:
     """A system call of another ABI has other numbers: the filter ends that process, and refuses
     x32's calls on x86_64; everything else is an error, never a kill."""
@@ -258,3 +260,24 @@ def test_no_mount_is_made_or_removed(kernel_name: str, workspace: Path) -> None:
     assert "umount2(.git)=-1/1" in said and "mount(tmpfs)=-1/1" in said and "fsopen(tmpfs)=-1/1" in said, said
     if kernel_name == SANDBOXED_KERNEL:
         assert (workspace / ".git" / "config").read_text() == "[core]\n", f".git/config was written: {said}"
+
+
+@pytest.mark.fast
+def test_the_assembler_refuses_what_classic_bpf_cannot_do() -> None:
+    far = Program()
+    far.jump_if_equal(1, "end")
+    for _ in range(300):
+        far.load(0)
+    far.label("end")
+    far.ret(seccomp.SECCOMP_RET_ALLOW)
+    with pytest.raises(BpfError, match=r"classic BPF: 0\.\.255"):
+        far.assemble()
+    unknown = Program()
+    unknown.jump_if_equal(1, "nowhere")
+    unknown.ret(seccomp.SECCOMP_RET_ALLOW)
+    with pytest.raises(BpfError, match="unknown label 'nowhere'"):
+        unknown.assemble()
+    endless = Program()
+    endless.load(0)
+    with pytest.raises(BpfError, match="must end with a return"):
+        endless.assemble()
