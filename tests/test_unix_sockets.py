@@ -53,6 +53,47 @@ def listener(workspace: Path) -> Iterator[tuple[str, Counter]]:
         server.close()
 
 
+@pytest.fixture
+def datagram_listener(workspace: Path) -> Iterator[tuple[str, Counter]]:
+    """A datagram unix socket in the workspace (as syslog's and journald's are), counting datagrams."""
+    path = str(workspace / "dgram.sock")
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    server.bind(path)
+    counter = Counter()
+    counter.serve(server, datagram=True)
+    try:
+        yield path, counter
+    finally:
+        counter.close()
+        server.close()
+
+
+# A datagram pair needs no socket(): each end can sendto() any datagram socket by its path.
+DATAGRAM_SEND = (
+    "import socket, sys\n"
+    "for make in (lambda: socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM),\n"
+    "             lambda: socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)[0]):\n"
+    "    try:\n"
+    "        make().sendto(b'x', sys.argv[1]); print('sent')\n"
+    "    except OSError as e:\n"
+    "        print(type(e).__name__, e.errno)\n"
+)
+
+
+@pytest.mark.parametrize("kernel_name", MODES)
+@pytest.mark.timeout(120)
+def test_a_datagram_socket_gets_nothing(
+    kernel_name: str, workspace: Path, datagram_listener: tuple[str, Counter]
+) -> None:
+    path, counter = datagram_listener
+    with started_kernel(kernel_name, workspace) as (_, kc):
+        said = execute(kc, DATAGRAM_SEND.replace("sys.argv[1]", repr(path))).stdout
+        said += sh(kc, f"python3 -I -c {shlex.quote(DATAGRAM_SEND)} {shlex.quote(path)}")
+    counter.close()
+    assert counter.hits == 0, f"a datagram reached a unix socket in the workspace:\n{said}"
+    assert said.count("PermissionError 1") == 4, said
+
+
 @pytest.mark.parametrize("kernel_name", MODES)
 @pytest.mark.timeout(120)
 def test_a_socket_in_a_visible_folder_cannot_be_reached(

@@ -5,8 +5,9 @@ The sandbox empties ``/tmp``, ``/run`` and ``$XDG_RUNTIME_DIR``, but a socket an
 would still answer a ``connect``: a read-only mount does not stop one. So once the kernel's own
 Jupyter sockets are bound (the only unix sockets it makes; the egress proxy's is the supervisor's,
 which stays outside this filter), a seccomp filter refuses every new AF_UNIX socket, in every
-thread of this process (TSYNC) and in every process it starts. ``socketpair`` still works (a
-connected pair reaches nothing), and TCP on loopback does.
+thread of this process (TSYNC) and in every process it starts. A stream ``socketpair`` still works
+(a connected pair reaches nothing); a datagram one is refused (its ends can ``sendto`` a path), and
+TCP on loopback works.
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ JEQ_K = 0x15  # BPF_JMP | BPF_JEQ | BPF_K
 JGE_K = 0x35  # BPF_JMP | BPF_JGE | BPF_K
 JSET_K = 0x45  # BPF_JMP | BPF_JSET | BPF_K
 RET_K = 0x06  # BPF_RET | BPF_K
+AND_K = 0x54  # BPF_ALU | BPF_AND | BPF_K: A &= k
 
 MAX_JUMP = 255
 MAX_INSTRUCTIONS = 4096  # BPF_MAXINSNS
@@ -52,6 +53,9 @@ class Program:
 
     def load(self, offset: int) -> None:
         self._code.append(_Instruction(LD_W_ABS, offset))
+
+    def and_(self, mask: int) -> None:
+        self._code.append(_Instruction(AND_K, mask))
 
     def jump_if_equal(self, k: int, then: str | None, otherwise: str | None = None) -> None:
         self._code.append(_Instruction(JEQ_K, k, then, otherwise))

@@ -14,7 +14,8 @@ one fails the way it would on a kernel without the feature:
 * :func:`unix_socket_filter`, on the kernel process once its own Jupyter sockets are bound (all
   its threads at once, TSYNC), and so on every process it starts: no new AF_UNIX socket, so no
   unix socket of the machine can be reached wherever it lives (a read-only mount does not stop
-  ``connect``). ``socketpair`` stays open: it makes a connected pair and reaches nothing.
+  ``connect``). A stream or seqpacket ``socketpair`` stays open (a connected pair reaches nothing);
+  a datagram pair is refused (its ends could ``sendto`` a datagram socket by path).
 
 Each filter first checks the architecture in ``seccomp_data``: a system call of another ABI (a
 32-bit program on x86_64) has other numbers, which this filter cannot judge, so it ends the
@@ -46,6 +47,9 @@ _NR, _ARCH, _ARGS = 0, 4, 16
 
 AF_UNIX: Final = 1
 AF_VSOCK: Final = 40
+SOCK_STREAM: Final = 1
+SOCK_SEQPACKET: Final = 5
+SOCK_TYPE_MASK: Final = 0xF
 TIOCSTI: Final = 0x5412  # push a byte into the terminal's input: types a command into its shell
 TIOCLINUX: Final = 0x541C  # the virtual console's selection paste does the same
 USERFAULTFD_IOC_NEW: Final = 0xAA00  # /dev/userfaultfd's way to a userfaultfd
@@ -92,6 +96,7 @@ _X86_64: Final = MappingProxyType(
     {
         "ioctl": 16,
         "socket": 41,
+        "socketpair": 53,
         "clone": 56,
         "ptrace": 101,
         "pivot_root": 155,
@@ -128,6 +133,7 @@ _AARCH64: Final = MappingProxyType(
         "delete_module": 106,
         "ptrace": 117,
         "socket": 198,
+        "socketpair": 199,
         "add_key": 217,
         "request_key": 218,
         "keyctl": 219,
@@ -254,12 +260,25 @@ def base_filter(arch: Arch) -> bytes:
 
 
 def unix_socket_filter(arch: Arch) -> bytes:
-    """No new AF_UNIX socket: for the kernel once its own sockets are bound."""
+    """No new AF_UNIX socket: for the kernel once its own sockets are bound. A pair stays possible
+    when it is connection-based (stream, seqpacket: connected already, it can connect nowhere else);
+    a datagram pair is refused, as its ends could ``sendto`` any datagram socket by path."""
     p = Program()
     _start(arch, p)
-    p.jump_if_equal(arch.nr("socket"), None, "allow")
+    p.jump_if_equal(arch.nr("socket"), "socket")
+    p.jump_if_equal(arch.nr("socketpair"), "socketpair")
+    p.ret(SECCOMP_RET_ALLOW)
+    p.label("socket")
     p.load(_arg(0))
     p.jump_if_equal(AF_UNIX, "eperm")
+    p.ret(SECCOMP_RET_ALLOW)
+    p.label("socketpair")
+    p.load(_arg(0))
+    p.jump_if_equal(AF_UNIX, None, "allow")
+    p.load(_arg(1))
+    p.and_(SOCK_TYPE_MASK)  # SOCK_NONBLOCK and SOCK_CLOEXEC ride in the same argument
+    p.jump_if_equal(SOCK_STREAM, "allow")
+    p.jump_if_equal(SOCK_SEQPACKET, "allow", "eperm")
     p.label("allow")
     p.ret(SECCOMP_RET_ALLOW)
     _end(p)
