@@ -83,6 +83,7 @@ REFUSED: Final = MappingProxyType(
         "ptrace": "tracing another process (its memory, its registers)",
         "process_vm_readv": "reading another process's memory",
         "process_vm_writev": "writing another process's memory",
+        "pidfd_getfd": "copying another process's descriptors (the supervisor's link to the egress proxy)",
         "kexec_load": "loading a new kernel",
         "kexec_file_load": "loading a new kernel",
         "init_module": "kernel modules",
@@ -163,6 +164,7 @@ _UNIFIED: Final = MappingProxyType(
         "fsmount": 432,
         "fspick": 433,
         "clone3": 435,
+        "pidfd_getfd": 438,
         "mount_setattr": 442,
     }
 )
