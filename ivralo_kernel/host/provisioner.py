@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import json
 import os
 import shutil
 import signal
+import socket
 import stat
 import subprocess
 import tempfile
@@ -35,20 +37,21 @@ from ivralo_kernel.host.broker import BrokerResponder
 from ivralo_kernel.host.channel_relay import ChannelRelay
 from ivralo_kernel.host.config_watch import DOTENV, WorkspaceFiles, protected_in_sandbox
 from ivralo_kernel.host.dataplane import clear_exchange_folder, create_exchange_folder
+from ivralo_kernel.host.egress import PERSON_ANSWER_TIMEOUT_S
 from ivralo_kernel.host.egress_notes import NOTE_WAIT_S, EgressNotes
 from ivralo_kernel.host.egress_proxy import EgressProxy, Verdict
 from ivralo_kernel.host.escalation import DeadlinePolicy
+from ivralo_kernel.host.history_ledger import HistoryRecorder
 from ivralo_kernel.host.kernel_output import relay_output
 from ivralo_kernel.host.kernelspec import SUPERVISOR_MODULE
 from ivralo_kernel.host.prewarm import PER_KERNEL_ENV, SPARE_FLAG, Recipe, Spare, SpareKey, fingerprint
 from ivralo_kernel.host.processes import find_in_tree, host_pid
-from ivralo_kernel.host.sandbox import availability, dotenv_for_kernel, prepare_workspace
-from ivralo_kernel.host.sandbox_launch import SandboxFolder, kernel_connection, sandboxed_command
+from ivralo_kernel.host.sandbox import SandboxUnavailable, choose_bwrap, dotenv_for_kernel, prepare_workspace
+from ivralo_kernel.host.sandbox_launch import SandboxFolder, SandboxStart, kernel_connection, sandboxed_command
 from ivralo_kernel.host.settings import IvraloSettings, config_file_layers
 from ivralo_kernel.host.watchdog import Loss, Watchdog, WatchdogSettings
 from ivralo_kernel.protocol import KernelPolicy, database_env_names, names, scrub
 from ivralo_kernel.protocol.credentials import credential_store_paths
-from ivralo_kernel.protocol.messages import EgressPrompt
 from ivralo_kernel.protocol.pipe import KillAt
 from ivralo_kernel.protocol.pipe import encode as encode_line
 from ivralo_kernel.protocol.trust import is_trusted
@@ -93,6 +96,9 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
     _replacing = False
     sandboxed = False  # the running kernel lives in a bwrap sandbox
     sandbox_reason = ""  # why not, when it does not
+    bwrap_report = ""  # which bwrap builds it and why (the others passed over), for the banner
+    _sandbox_failed = ""  # bwrap could not build this provisioner's sandbox: later starts fall back at once
+    _fallback_launch: tuple[list[str], dict[str, str]] | None = None  # this launch without bwrap (auto)
     egress_proxy: EgressProxy | None = None
     relay: ChannelRelay | None = None  # clients' channels <-> the sandboxed kernel's ipc sockets
     _kernel_side: dict[str, Any] | None = None  # the kernel's own connection info (inside the sandbox)
@@ -100,6 +106,7 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
     _egress_notes: EgressNotes | None = None
     _sandbox_folder: SandboxFolder | None = None
     exchange_dir: str | None = None  # the namespace API's shared-memory folder (host.dataplane)
+    history_recorder: HistoryRecorder | None = None  # records the write guard's copies (host.history_ledger)
     _supervisor: int | None = None
     _supervisor_process: psutil.Process | None = None  # the same, kept to end it if bwrap dies first
     _host_pipe: tuple[int, int] | None = None  # the sandbox's supervisor sees EOF when this process is gone
@@ -167,6 +174,8 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
         if self.workspace_files is not None:
             self.workspace_files.end()
         self.workspace_files = WorkspaceFiles(policy.workspace)
+        if self.history_recorder is None:  # before the kernel starts: what is in its history now is not its own
+            self.history_recorder = HistoryRecorder(policy.workspace, self.tool_files)
         if bwrap is not None:
             prepare_workspace(policy.workspace)  # .ivralo exists before the sandbox mounts it read-only
         protected = protected_in_sandbox(policy.workspace) if bwrap is not None else frozenset()
@@ -194,6 +203,7 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
             operations_files=(self.operations_file,) if self.operations_file else (),
             files=self.workspace_files,
         )
+        self.broker.egress.person = self.ask_person
         if previous is not None:
             previous.close()
         self.broker_comm_id = uuid.uuid4().hex
@@ -214,6 +224,8 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
         if bwrap is None:
             env[names.ENV_SANDBOX] = self.sandbox_reason
             return kwargs
+        self._fallback_launch = (list(kwargs["cmd"]), dict(env))  # if bwrap exits without building it
+        self._add_host_note(env, f"OS sandbox built with {self.bwrap_report}")
         kwargs["cmd"] = self._sandboxed(bwrap, policy.workspace, list(kwargs["cmd"]), env)
         if self._sandbox_folder is not None:  # bwrap reads its seccomp filter from this one
             kwargs["pass_fds"] = (*kwargs["pass_fds"], *self._sandbox_folder.rewind_seccomp())
@@ -223,22 +235,27 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
         """The bwrap to build this kernel's sandbox with, or None (and why, in ``sandbox_reason``)."""
         if self.sandbox == "off":
             bwrap, why = None, "turned off by the host's settings (sandbox='off')"
+        elif self._sandbox_failed:
+            bwrap, why = None, self._sandbox_failed
         else:
-            bwrap, why = availability()
+            choice = choose_bwrap()
+            bwrap, why, self.bwrap_report = choice.path, choice.why, choice.report()
         if bwrap is None and self.sandbox == "required":
-            raise RuntimeError(
-                f"ivralo: this kernel must run in an OS sandbox (sandbox='required'), but {why}. Install "
-                "bubblewrap or allow user namespaces, or set sandbox='auto' to run with the Python guards "
-                "and Landlock only."
-            )
-        self.sandboxed, self.sandbox_reason = bwrap is not None, why
+            raise SandboxUnavailable(_required_but(why))
+        if bwrap is None and self.sandbox == "auto" and why != self.sandbox_reason:  # once per reason
+            self.log.warning("ivralo: this kernel runs without the OS sandbox: %s", why)
+        self.sandboxed, self.sandbox_reason = bwrap is not None, "" if bwrap else why
         return bwrap
+
+    @staticmethod
+    def _add_host_note(env: dict[str, str], line: str) -> None:
+        env[names.ENV_HOST_NOTES] = "\n".join(filter(None, (env.get(names.ENV_HOST_NOTES), line)))
 
     def _sandboxed(self, bwrap: str, workspace: str, cmd: list[str], env: dict[str, str]) -> list[str]:
         folder = self._sandbox_folder
         assert folder is not None
         if self.egress_proxy is None:
-            self.egress_proxy = EgressProxy(folder.egress_socket, self._decide_egress)
+            self.egress_proxy = EgressProxy(folder.egress_socket, self._decide_egress, self._closed_peer)
             self.egress_proxy.start()
         # The kernel's sockets are ipc files in its run folder; the clients' (TCP as Jupyter's default, or
         # what they asked for) are the relay's, outside the sandbox. The relay also shows the host every
@@ -255,6 +272,8 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
         if self.relay is None:
             self.relay = ChannelRelay(clients, self._kernel_side, watch_requests=True)
             self.relay.start()
+        else:  # a restart: the old kernel's executions never reply
+            self.relay.end_questions()
         cmd = [inner_file if part == connection_file else part for part in cmd]
         return sandboxed_command(
             bwrap,
@@ -280,21 +299,51 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
             # itself knows which execution is running.
             execution = _ask_running_execution(watchdog)
 
-        def prompt(content: EgressPrompt) -> None:
-            if watchdog is not None:
-                watchdog.send_control(names.MSG_EGRESS_PROMPT, content)
-
         def pause(on: bool) -> None:
             if watchdog is not None and execution is not None:
                 (watchdog.pause if on else watchdog.resume)(execution)
 
-        allowed, reason = broker.egress.decide(host, port, execution, prompt if watchdog is not None else None, pause)
+        allowed, reason = broker.egress.decide(host, port, execution, self.ask_person, pause)
+        if allowed and (closed := self._closed_target(host, port)) is not None:
+            allowed, reason = False, closed  # the cell's line says so; the proxy checks the address it reaches too
         if watchdog is None or execution is None:
             return Verdict(allowed, reason)
         notes = self._egress_notes
         if notes is None:
             return Verdict(allowed, reason)
         return Verdict(allowed, reason, notes.note(execution, host, port, allowed, reason))
+
+    def _closed_target(self, host: str, port: int) -> str | None:
+        """An allowed ``host:port`` that resolves to the clients' side of the relay (looked up only
+        after a yes, as the proxy would)."""
+        if port not in self._client_ports():
+            return None
+        try:
+            addresses = {info[4] for info in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)}
+        except OSError:
+            return None  # the proxy's own connect fails the same way, and says why
+        return next(filter(None, map(self._closed_peer, addresses)), None)
+
+    def _client_ports(self) -> set[int]:
+        info = self.connection_info
+        if info.get("transport", "tcp") != "tcp":
+            return set()
+        return {port for c in CHANNEL_NAMES if isinstance(port := info.get(f"{c}_port"), int)}
+
+    def _closed_peer(self, peer: tuple[Any, ...]) -> str | None:
+        """(the egress proxy's thread) The clients' side of this kernel's relay is never reachable
+        through the proxy, whatever was allowed: with it, code in the kernel could take a client's
+        place on stdin (its identity is in every request) and answer the host's questions."""
+        if peer[1] not in self._client_ports() or not on_this_machine(str(peer[0])):
+            return None
+        return "it is one of this kernel's own Jupyter channels, for its clients only"
+
+    def ask_person(self, execution: str, prompt: str) -> str | None:
+        """(any thread; blocks) The person's answer at ``execution``'s input prompt, asked by the host
+        on the clients' side of the relay, which code in the kernel can neither write nor read. No
+        relay (no sandbox: the kernel binds the clients' sockets itself): nobody the host can ask."""
+        relay = self.relay
+        return relay.ask(execution, prompt, PERSON_ANSWER_TIMEOUT_S) if relay is not None else None
 
     def supervisor_pid(self) -> int | None:
         """The supervisor's pid, as the host sees it (inside a sandbox, bwrap's processes come first)."""
@@ -371,6 +420,9 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
         self.relay.start()
         if self.egress_proxy is not None:
             self.egress_proxy.redirect(self._decide_egress)
+            self.egress_proxy.closed_peer = self._closed_peer  # this notebook's ports now
+        if self.broker is not None:
+            self.broker.egress.person = self.ask_person  # asked on this provisioner's relay
         self._adopting = spare
         self.adopted_pid = int(self.process.pid) if self.process is not None else None
         self.log.info("ivralo: a warm spare kernel (pid %s) serves this notebook", self.adopted_pid)
@@ -405,6 +457,50 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
         if self._sandbox_folder is not None:
             self._sandbox_folder.rewind_seccomp()
         self._launch_args = (list(cmd), compat.popen_kwargs(kwargs))
+        if not self.sandboxed:
+            info = await super().launch_kernel(cmd, **kwargs)
+            relay_output(self.process)
+            return info
+        # bwrap may exit at once (an option it lacks, a mount the OS refuses): the start waits for the
+        # supervisor's first line, which only a built sandbox runs, so that is a clear failure now.
+        start = SandboxStart()
+        try:
+            env = dict(kwargs["env"])
+            pass_fds = start.pass_to(env, tuple(kwargs.get("pass_fds", ())))
+            info = await super().launch_kernel(cmd, **{**kwargs, "env": env, "pass_fds": pass_fds})
+            process = self.process
+            assert process is not None
+            failure = await asyncio.get_running_loop().run_in_executor(None, start.wait, process, cmd[0])
+        finally:
+            start.close()
+        if failure is None:
+            relay_output(self.process)
+            return info
+        return await self._sandbox_not_built(failure, kwargs)
+
+    async def _sandbox_not_built(self, failure: str, kwargs: dict[str, Any]) -> Any:
+        """bwrap exited without building the sandbox: with ``required``, the start fails now, saying
+        why; with ``auto``, the kernel starts at once without it (and so does every restart), the
+        banner saying why."""
+        self.log.warning("ivralo: %s", failure)
+        self.sandboxed = False
+        _discard(self.process)
+        if self.relay is not None:  # it holds the clients' ports: the kernel binds them itself now
+            self.relay.close()
+            self.relay = None
+        self._kernel_side = None
+        if self.sandbox == "required" or self._fallback_launch is None:
+            await self.cleanup(restart=False)
+            self.process = None  # nothing runs: jupyter_client sees no kernel
+            raise SandboxUnavailable(_required_but(failure))
+        if self.egress_proxy is not None:
+            self.egress_proxy.close()
+            self.egress_proxy = None
+        self._sandbox_failed = self.sandbox_reason = failure
+        cmd, env = self._fallback_launch
+        env = {**env, names.ENV_SANDBOX: self.sandbox_reason}
+        kwargs = {**kwargs, "env": env}
+        self._launch_args = (list(cmd), compat.popen_kwargs(kwargs))
         info = await super().launch_kernel(cmd, **kwargs)
         relay_output(self.process)
         return info
@@ -434,6 +530,7 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
             interrupt=self._interrupt_now,
             backstop=self._backstop_line,
             requested=self.relay.requested if self.relay is not None else None,
+            on_idle=self.history_recorder.poke if self.history_recorder is not None else None,
         )
         send = self.watchdog.send_control
         self._egress_notes = EgressNotes(lambda note, on_reply: send(names.MSG_EGRESS_NOTE, note, on_reply))
@@ -471,6 +568,8 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
         self._replacing = True
         try:
             text = killed_cell_text(loss.cause, loss.observer)
+            if self.relay is not None:
+                self.relay.end_questions()  # the killed kernel's questions end, as a no
             if loss.parent:
                 # Through the relay, when there is one: answered where the dead kernel's sockets were.
                 info = self._kernel_side if self.relay is not None else dict(self.connection_info)
@@ -583,6 +682,14 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
         if self.broker is not None and not restart:
             self.broker.close()
         await super().cleanup(restart)
+        if self.history_recorder is not None:  # the tree is gone: nothing more is written to its history
+            # On this thread: cleanup also runs from atexit hooks, where no new thread may start. Each
+            # execution's end already recorded its copies, so this pass has little left to hash.
+            if restart:
+                self.history_recorder.record()
+            else:
+                self.history_recorder.close()
+                self.history_recorder = None
         if self.policy_file:
             with contextlib.suppress(OSError):
                 os.unlink(self.policy_file)
@@ -610,6 +717,23 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
                 self._host_pipe = None
 
 
+CHANNEL_NAMES = ("shell", "iopub", "stdin", "control", "hb")
+
+
+def on_this_machine(address: str) -> bool:
+    """A loopback, unspecified or local interface's address (the relay may bind any of them)."""
+    try:
+        ip = ipaddress.ip_address(address.split("%")[0])
+    except ValueError:
+        return False
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    if ip.is_loopback or ip.is_unspecified:
+        return True
+    local = {a.address.split("%")[0] for addrs in psutil.net_if_addrs().values() for a in addrs}
+    return str(ip) in local
+
+
 # What a provisioner takes over from the spare it adopts (the relay is rebuilt on the new ports).
 ADOPTED = (
     "policy_file",
@@ -623,6 +747,7 @@ ADOPTED = (
     "workspace_files",
     "_sandbox_folder",
     "exchange_dir",
+    "history_recorder",
     "_supervisor",
     "_supervisor_process",
     "_host_pipe",
@@ -631,6 +756,27 @@ ADOPTED = (
     "pgid",
     "cwd",
 )
+
+
+def _discard(process: subprocess.Popen[bytes] | None) -> None:
+    """A bwrap that did not build the sandbox: reaped, its pipes closed (it wrote what it had to say)."""
+    if process is None:
+        return
+    with contextlib.suppress(OSError):
+        process.kill()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(timeout=SUPERVISOR_KILL_BUDGET_S)
+    for stream in (process.stdin, process.stdout, process.stderr):
+        if stream is not None:
+            stream.close()
+
+
+def _required_but(why: str) -> str:
+    return (
+        f"ivralo: this kernel must run in an OS sandbox (sandbox='required'), but {why}. Install "
+        "bubblewrap or allow user namespaces, or set sandbox='auto' to run with the Python guards "
+        "and Landlock only."
+    )
 
 
 def _ask_running_execution(watchdog: Watchdog) -> str | None:

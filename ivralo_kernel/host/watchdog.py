@@ -75,6 +75,7 @@ class Watchdog:
         interrupt: Callable[[], None] | None = None,
         backstop: Callable[[str, float | None], None] | None = None,
         requested: Callable[[str], bool] | None = None,
+        on_idle: Callable[[], None] | None = None,
     ) -> None:
         self.settings = settings
         self.root_pid = root_pid
@@ -85,6 +86,7 @@ class Watchdog:
         self._on_loss = on_loss
         # Did a client send this execute_request? (Seen by the relay; None: no relay, trust the kernel.)
         self._requested = requested
+        self._on_idle = on_idle  # an execution ended (the history recorder's cue)
         self.channels = KernelChannels(connection_info)
         self.observer = Observer(root_pid, settings.stall_window_ms, clock)
         self.running: OrderedDict[str, dict[str, Any]] = OrderedDict()  # msg_id -> request header
@@ -205,6 +207,8 @@ class Watchdog:
             self.observer.busy = False
             if self.deadlines is not None:
                 self.deadlines.on_idle(msg_id)
+            if self._on_idle is not None:
+                self._on_idle()
 
     def _pause_deadline(self, msg_id: str, on: bool) -> None:
         """While somebody answers a brokered question, the deadline does not count."""

@@ -73,6 +73,13 @@ ENV_EGRESS_SOCKET: Final = "IVRALO_EGRESS_SOCKET"  # the host's egress proxy (a 
 # A pipe's read end whose writer only the host holds: EOF means the host process is gone (inside a
 # sandbox the supervisor's parent is bwrap, which outlives the host; a thread's exit is not a death).
 ENV_HOST_PIPE_FD: Final = "IVRALO_HOST_PIPE_FD"
+# A pipe's write end the host passes through bwrap: the supervisor's first act is one line on it
+# (PIPE_STAGE + STAGE_SANDBOX_BUILT). EOF before that line means bwrap exited without building the
+# sandbox, and the host fails the start (or falls back) at once, with bwrap's own words.
+ENV_SANDBOX_UP_FD: Final = "IVRALO_SANDBOX_UP_FD"
+# The host's choice of bwrap, made by the person (a path): probed like any other, and the only one tried.
+ENV_BWRAP: Final = "IVRALO_BWRAP"
+STAGE_SANDBOX_BUILT: Final = "sandbox built"
 ENV_RELAY_PORT: Final = "IVRALO_RELAY_PORT"  # where the supervisor offers it on the sandbox's loopback
 # The kernel's exchange folder for the namespace API's data plane (host-made, on tmpfs where there is
 # one): the host creates each segment there; the kernel may write into and unlink what it finds.
@@ -126,9 +133,6 @@ MSG_BROKER_REPLY: Final = "ivralo_broker_reply"  # the host's answer to a broker
 # buffer, on shell: {"ref"} (no reply; the request that binds the table comes after it on shell).
 MSG_DATA_CHUNK: Final = "ivralo_data_chunk"
 MSG_BROKER_HELLO: Final = "ivralo_broker_hello"  # {"comm_id"} -> ivralo_broker_hello_reply {"status"}
-# The egress proxy met an unknown host: "show this question at the running cell's input prompt"
-# {"host", "port", "question", "choices"}; the kernel relays the answer as an egress_answer request.
-MSG_EGRESS_PROMPT: Final = "ivralo_egress_prompt"
 # What the egress proxy decided, for the cell's "hosts tried" line {"host", "port", "allowed", "reason"};
 # the proxy goes on once the kernel has answered (or after a short wait).
 MSG_EGRESS_NOTE: Final = "ivralo_egress_note"
@@ -137,13 +141,13 @@ CONTROL_MSG_TYPES: Final = (
     MSG_STATUS_REQUEST,
     MSG_BROKER_REPLY,
     MSG_BROKER_HELLO,
-    MSG_EGRESS_PROMPT,
     MSG_EGRESS_NOTE,
 )
 
 # What a broker request asks for (ENV_BROKER_COMM says how it travels).
-BROKER_EGRESS: Final = "egress"  # {"host", "port", "person": bool} -> {"allowed", "reason"} | {"ask_person", ...}
-# The person's answer to an "ask_person" reply, relayed from the cell's stdin: {"host", "port", "choice"}.
+BROKER_EGRESS: Final = "egress"  # {"host", "port"} -> {"allowed", "reason"} (the host asks whoever it asks)
+# A person's answer relayed by the kernel, as older kernels sent it: always refused (the host asks the
+# person itself, on its own channel to the client; host/stdin_questions.py).
 BROKER_EGRESS_ANSWER: Final = "egress_answer"
 BROKER_API: Final = "api"  # {"operation": str, "params": {...}} -> {"ok", "result" | "error", "record"}
 BROKER_SQL: Final = "sql"  # {"database": str, "query": str, "params": {...}} -> the same shape
