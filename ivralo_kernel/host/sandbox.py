@@ -581,7 +581,8 @@ class SandboxPlan:
         # write what it covered. Then only what the supervisor needs, which it drops itself.
         a += ["--cap-drop", "ALL"]
         if self.namespace_limits:
-            a += ["--cap-add", "CAP_SYS_RESOURCE"]  # the supervisor's, for its namespace limits alone
+            # The supervisor's, for its namespace limits alone; CAP_SETPCAP to drop it from the bounding set.
+            a += ["--cap-add", "CAP_SYS_RESOURCE", "--cap-add", "CAP_SETPCAP"]
         # The person's keys are listed there by name (the filter refuses keyctl, so not by content).
         a += ["--ro-bind", self.empty_file, "/proc/keys", "--ro-bind", self.empty_file, "/proc/key-users"]
         hidden, stores = self.hidden(), self.credential_stores()
