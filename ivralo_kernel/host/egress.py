@@ -26,7 +26,9 @@ from typing import Any
 from ivralo_kernel.host.config_watch import PERMISSIONS, WorkspaceFiles
 from ivralo_kernel.protocol import names
 from ivralo_kernel.protocol.egress import PERMISSIONS_FILE, EgressPolicy, load_egress_policy
+from ivralo_kernel.protocol.egress_names import HostNameError, Target, normalize
 from ivralo_kernel.protocol.messages import BrokerAnswer, EgressPrompt
+from ivralo_kernel.protocol.terminal import terminal_safe
 
 __all__ = ["Asker", "EgressDesk", "EgressPolicy", "allow_always", "load_egress_policy"]
 
@@ -41,9 +43,21 @@ NOBODY_TO_ASK = "nobody to ask"  # as the guard says it: no agent callback, no i
 log = logging.getLogger(__name__)
 
 
-def cell_question(host: str, port: int | None) -> str:
-    """The question a person is asked at the cell's input prompt (the README's screenshot shows it)."""
-    return f"Code in this cell wants to reach {host}" + (f" (port {port})" if port else "")
+def cell_question(host: str, port: int | None, asker: str = "Code in this cell") -> str:
+    """The question about ``host:port``, as a person reads it at the cell's input prompt (the README's
+    screenshot shows it) or an agent's ``ask`` gets it: what the name means, where that is, how the
+    code wrote it, and the port ("127.0.0.1, this machine, written as 2130706433, port 5432")."""
+    try:
+        meant = normalize(host).describe(port)
+    except HostNameError:  # never asked about (refused first); shown escaped all the same
+        meant = terminal_safe(host) + (f", port {port}" if port is not None else "")
+    return f"{asker} wants to reach {meant}"
+
+
+def grant_key(target: Target, port: int | None) -> str:
+    """What a yes is for: the host, or on this machine and the person's network (where each port is
+    another program: a database, another notebook) the host and that port."""
+    return f"{target.host}:{port}" if target.local and port is not None else target.host
 
 
 def allow_always(workspace: str, host: str) -> Path:
@@ -68,7 +82,11 @@ def valid_target(payload: Any) -> tuple[str, int | None] | None:
     if not isinstance(payload, dict):
         return None
     host, port = payload.get("host"), payload.get("port")
-    if not isinstance(host, str) or not 0 < len(host) <= 253 or any(c.isspace() for c in host):
+    if not isinstance(host, str):
+        return None
+    try:
+        normalize(host)
+    except HostNameError:
         return None
     if port is not None and (isinstance(port, bool) or not isinstance(port, int) or not 0 <= port < 65536):
         return None
@@ -97,15 +115,16 @@ class EgressDesk:
     def judge(self, payload: dict[str, Any], execution: str, reply: Reply, pause: Pause) -> None:
         host, port = payload["host"], payload["port"]
         allowed, reason = self.policy().judge(host, port)
+        key = grant_key(normalize(host), port)
         if allowed is not None:
             reply({"allowed": allowed, "reason": reason})
-        elif host in self._granted:
-            reply({"allowed": self._granted[host], "reason": "answered earlier"})
+        elif key in self._granted:
+            reply({"allowed": self._granted[key], "reason": "answered earlier"})
         elif self.asker is not None:
-            args = (self.asker, host, reply, pause)
+            args = (self.asker, host, port, reply, pause)
             threading.Thread(target=self._ask_agent, args=args, name="ivralo-ask", daemon=True).start()
         elif payload.get("person") is True:
-            self._asked_person.add((execution, host))
+            self._asked_person.add((execution, key))
             pause(True)  # resumed when the answer comes, or when the execution ends
             question = cell_question(host, port)
             reply({"ask_person": True, "question": question, "choices": list(self.choices)})
@@ -113,18 +132,19 @@ class EgressDesk:
             reply({"allowed": False, "reason": "nobody to ask"})
 
     def person_answered(self, payload: dict[str, Any], execution: str, reply: Reply, pause: Pause) -> None:
-        host, choice = payload["host"], payload.get("choice")
-        if (execution, host) not in self._asked_person:
+        host, port, choice = payload["host"], payload.get("port"), payload.get("choice")
+        key = grant_key(normalize(host), port)
+        if (execution, key) not in self._asked_person:
             reply({"allowed": False, "reason": "an answer to a question nobody asked"})
             return
-        self._asked_person.discard((execution, host))
+        self._asked_person.discard((execution, key))
         pause(False)
         if payload.get("unavailable") is True:  # the cell could not show the question
             answer = BrokerAnswer(allowed=False, reason=NOBODY_TO_ASK)
         else:
-            answer = self._record(host, choice if choice in self.choices else "no")
+            answer = self._record(host, port, choice if choice in self.choices else "no")
         with self._lock:
-            question = self._open.get(host)
+            question = self._open.get(key)
         if question is not None and not question.done():
             question.set_result((bool(answer["allowed"]), str(answer["reason"])))
         reply(answer)
@@ -138,17 +158,20 @@ class EgressDesk:
 
     def decide(self, host: str, port: int, execution: str | None, prompt: Prompt | None, pause: Pause) -> Decision:
         """(the egress proxy's thread; blocks) Judge ``host:port`` for a sandboxed kernel's traffic."""
-        host = host.lower().rstrip(".")
+        try:
+            key = grant_key(normalize(host), port)
+        except HostNameError as exc:
+            return False, str(exc)
         allowed, reason = self.policy().judge(host, port)
         if allowed is not None:
             return allowed, reason
         with self._lock:
-            if host in self._granted:
-                return self._granted[host], "answered earlier"
-            question = self._open.get(host)
+            if key in self._granted:
+                return self._granted[key], "answered earlier"
+            question = self._open.get(key)
             mine = question is None or question.done()
             if mine:
-                question = self._open[host] = Future()
+                question = self._open[key] = Future()
         assert question is not None
         if mine:
             self._ask_for_proxy(host, port, execution, prompt, pause, question)
@@ -158,8 +181,8 @@ class EgressDesk:
             return False, "nobody answered in time"
         finally:
             with self._lock:
-                if self._open.get(host) is question and question.done():
-                    del self._open[host]
+                if self._open.get(key) is question and question.done():
+                    del self._open[key]
 
     def _ask_for_proxy(
         self,
@@ -172,35 +195,36 @@ class EgressDesk:
     ) -> None:
         if self.asker is not None:
             box: list[BrokerAnswer] = []
-            self._ask_agent(self.asker, host, box.append, pause)
+            self._ask_agent(self.asker, host, port, box.append, pause)
             question.set_result((bool(box[0]["allowed"]), str(box[0]["reason"])))
         elif execution is None or prompt is None:
             question.set_result((False, NOBODY_TO_ASK))
         else:
-            self._asked_person.add((execution, host))
+            self._asked_person.add((execution, grant_key(normalize(host), port)))
             pause(True)  # resumed when the answer comes
             text = cell_question(host, port)
             prompt(EgressPrompt(host=host, port=port, question=text, choices=list(self.choices)))
 
-    def _ask_agent(self, asker: Asker, host: str, reply: Reply, pause: Pause) -> None:
+    def _ask_agent(self, asker: Asker, host: str, port: int | None, reply: Reply, pause: Pause) -> None:
         pause(True)  # the time the person takes does not count against the deadline
         try:
-            choice = asker(f"Code in run_python wants to reach {host}", self.choices)
+            choice = asker(cell_question(host, port, "Code in run_python"), self.choices)
         except Exception as exc:  # noqa: BLE001 - a failing callback is a "no", never a hang
-            log.warning("ivralo: the ask callback failed (%s); refusing %s", exc, host)
+            log.warning("ivralo: the ask callback failed (%s); refusing %s", terminal_safe(str(exc)), host)
             choice = "no"
         finally:
             pause(False)
-        reply(self._record(host, choice))
+        reply(self._record(host, port, choice))
 
-    def _record(self, host: str, choice: str) -> BrokerAnswer:
+    def _record(self, host: str, port: int | None, choice: str) -> BrokerAnswer:
+        key = grant_key(normalize(host), port)
         if choice == "always" and self.trusted:
-            allow_always(self.workspace, host)
+            allow_always(self.workspace, key)
             if self.files is not None:
                 self.files.host_wrote(PERMISSIONS)
             return {"allowed": True, "reason": "always (hosts.allow)"}
         if choice in ("yes", "always"):
-            self._granted[host] = True
+            self._granted[key] = True
             return {"allowed": True, "reason": "yes this time"}
-        self._granted[host] = False
+        self._granted[key] = False
         return {"allowed": False, "reason": "the person said no"}

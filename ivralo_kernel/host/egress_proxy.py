@@ -22,6 +22,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ivralo_kernel.protocol.egress_names import normalize
 from ivralo_kernel.protocol.proxying import (
     TUNNEL_ESTABLISHED,
     BadRequest,
@@ -31,6 +32,7 @@ from ivralo_kernel.protocol.proxying import (
     response,
     splice,
 )
+from ivralo_kernel.protocol.terminal import terminal_safe
 
 
 def _nothing_to_wait_for() -> None:
@@ -86,6 +88,15 @@ class EgressProxy:
             threading.Thread(target=self._serve, args=(conn,), name="ivralo-egress", daemon=True).start()
 
     def _serve(self, conn: socket.socket) -> None:
+        """One connection, from its head to its end. Whatever the client sent, it gets an answer and
+        the host's log a line at most: never a traceback (the bytes are the kernel's to choose)."""
+        try:
+            self._serve_one(conn)
+        except Exception as exc:  # noqa: BLE001 - a connection's failure is that connection's alone
+            log.warning("ivralo egress proxy: a connection failed (%s)", terminal_safe(f"{type(exc).__name__}: {exc}"))
+            self._answer(conn, 500, "Internal Server Error", "ivralo egress proxy: the request could not be served")
+
+    def _serve_one(self, conn: socket.socket) -> None:
         try:
             head, rest = read_head(conn)
             request = parse_head(head)
@@ -104,12 +115,13 @@ class EgressProxy:
             status = f"Forbidden by ivralo: {request.host} refused ({_one_line(verdict.reason)})"
             self._answer(conn, 403, status, refusal_text(request, verdict.reason))
             return
-        try:  # resolved only now, after the decision
-            upstream = socket.create_connection((request.host, request.port), timeout=CONNECT_TIMEOUT_S)
+        try:  # resolved only now, after the decision; to what the name means, as it was judged
+            meant = normalize(request.host).host
+            upstream = socket.create_connection((meant, request.port), timeout=CONNECT_TIMEOUT_S)
             upstream.settimeout(None)
-        except OSError as exc:
+        except (OSError, ValueError) as exc:
             verdict.recorded()
-            why = exc.strerror or str(exc)
+            why = getattr(exc, "strerror", None) or str(exc)
             text = f"ivralo egress proxy: allowed, but {request.host}:{request.port} cannot be reached: {why}"
             self._answer(conn, 502, "Bad Gateway", text)
             return
