@@ -20,7 +20,7 @@ from typing import Any
 
 import psutil
 import pytest
-from conftest import FALLBACK_KERNEL, gone, wait_until
+from conftest import FALLBACK_KERNEL, gone, kernel_in_tree, wait_until
 from jupyter_client.blocking.client import BlockingKernelClient
 from jupyter_client.connect import write_connection_file
 from jupyter_client.kernelspec import KernelSpec, KernelSpecManager
@@ -290,3 +290,69 @@ def test_a_kernelspec_can_turn_the_sandbox_off(workspace: Path, tmp_path: Path) 
     with raw_launch(workspace, tmp_path, kernel_name=FALLBACK_KERNEL) as raw:
         assert layers(raw)["sandbox"] == "none (turned off by the kernelspec (sandbox='off'))"
         assert not any(Path(cmd[0]).name == "bwrap" for cmd in tree_of(raw.proc.pid) if cmd)
+
+
+# Every way a cell could reach its own deadline from inside the sandbox: its interrupt ignored, the
+# supervisor's backstop told "off" (and "much later") on the stage pipe from Python and from sh, the
+# supervisor (pid 1 here) stopped or traced, the kernel's own deadline thread looked for. Then it
+# keeps running, swallowing every KeyboardInterrupt, for 25 s.
+DISARM_EVERYTHING = r"""
+import ctypes, os, signal, subprocess, threading, time
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+kernel = get_ipython().kernel
+me = kernel.get_parent()["header"]["msg_id"]
+tried = []
+for name in ("_watchdog", "_backstop"):  # the kernel's own deadline objects: "finished" disarms
+    thing = getattr(kernel, name, None)
+    if thing is not None:
+        thing.finished(); tried.append(f"{name}.finished()")
+# Every pipe this process may write: the supervisor's stage pipe is one of them.
+def writable_pipe(fd):
+    try:
+        flags = int(open(f"/proc/self/fdinfo/{fd}").read().split("flags:")[1].split()[0], 8)
+        return os.readlink(f"/proc/self/fd/{fd}").startswith("pipe:") and flags & 3
+    except OSError:
+        return False
+pipes = [int(fd) for fd in os.listdir("/proc/self/fd") if int(fd) > 2 and writable_pipe(fd)]
+for fd in pipes:
+    for line in (f"kill-at:{me}:off\n", f"kill-at:{me}:{time.monotonic() + 3600!r}\n"):
+        try:
+            os.write(fd, line.encode()); tried.append(f"pipe {fd}")
+        except OSError as e:
+            tried.append(f"pipe {fd}: {e}")
+script = "; ".join([f'printf "kill-at:{me}:off\\n" >&{fd}' for fd in pipes] + ["kill -STOP 1", "echo sh $?"])
+r = subprocess.run(["sh", "-c", script], capture_output=True, text=True, pass_fds=tuple(pipes))
+tried.append(r.stdout.strip())
+libc = ctypes.CDLL(None, use_errno=True)
+tried.append(f"ptrace attach 1: {libc.ptrace(16, 1, 0, 0)} errno {ctypes.get_errno()}")
+tried.append(f"threads {[t.name for t in threading.enumerate()]}")
+kernel._executing = None  # "not running any more", if the host asks
+print(tried, flush=True)
+start = time.monotonic()
+while time.monotonic() - start < 25:
+    try:
+        time.sleep(0.05)
+    except BaseException:
+        pass
+print("outlived its deadline")
+"""
+
+
+def test_a_cell_cannot_disarm_its_raw_launch_deadline(workspace: Path, tmp_path: Path) -> None:
+    """VS Code with a 3 s deadline (kernel.json's env): the raw launch's host owns the deadline, as
+    the provisioner does. Whatever the cell does inside, its kernel is gone by deadline + grace +
+    a generous margin, judged by the process table; never the 25 s the cell wanted."""
+    import time
+
+    base = KernelSpecManager().get_kernel_spec("ivralo")
+    env = {**base.env, "IVRALO_DEADLINE_MS": "3000", "IVRALO_INTERRUPT_GRACE_MS": "1000"}
+    spec = KernelSpec(argv=base.argv, display_name="deadline", language="python", env=env)
+    with raw_launch(workspace, tmp_path, spec=spec) as raw:
+        assert layers(raw)["sandbox"].startswith("bwrap"), layers(raw)
+        kernel = kernel_in_tree(raw.proc.pid)
+        started = time.monotonic()
+        raw.client.execute(DISARM_EVERYTHING)
+        wait_until(lambda: gone(kernel), 20, "the kernel to be ended at its deadline")
+        took = time.monotonic() - started
+        assert took < 15, f"the cell ran {took:.1f} s past a 3 s deadline"
+        assert took >= 3, f"ended after {took:.1f} s, before its deadline"

@@ -46,8 +46,18 @@ def _cell_text(outputs: list[dict[str, Any]]) -> str:
     return CellOutput.from_notebook(outputs).shown
 
 
+def _styles() -> tuple[str, str, str]:
+    """Bold, dim and reset on a terminal; nothing on a pipe or in a file (a log holds no escapes)."""
+    try:
+        tty = sys.stdout.isatty()
+    except (AttributeError, ValueError):
+        tty = False
+    return ("\033[1m", "\033[2m", "\033[0m") if tty else ("", "", "")
+
+
 def _print_cell(number: int, source: str, outputs: list[dict[str, Any]], effects: Effects | None) -> None:
-    print(f"\033[1mIn [{number}]:\033[0m")
+    bold, dim, reset = _styles()
+    print(f"{bold}In [{number}]:{reset}")
     # What the cells printed, the files they wrote and the hosts they tried are the kernel's to choose:
     # escaped (terminal_safe), so only this report's own bold and dim reach the terminal.
     print(textwrap.indent(terminal_safe(source.rstrip(), keep_newlines=True) or "(empty)", "    "))
@@ -55,7 +65,7 @@ def _print_cell(number: int, source: str, outputs: list[dict[str, Any]], effects
     if text:
         print(textwrap.indent(text, "  | ", lambda _: True))
     if effects is not None:
-        print(f"  \033[2mivralo: {terminal_safe(effects_line(effects))}\033[0m")
+        print(f"  {dim}ivralo: {terminal_safe(effects_line(effects))}{reset}")
     print()
 
 

@@ -47,6 +47,7 @@ DELIMITER = b"<IDS|MSG>"
 # gateway, so the live connection's requests were never read (status "Unknown" in the browser).
 HANDOVER_CHANNELS = ("shell", "stdin", "control")
 KEEP_REQUESTS = 256  # execute_request ids remembered (an execution's busy follows its request at once)
+EXECUTE_REPLY = b'"execute_reply"'  # cheap test before a reply's header is parsed
 
 
 class ChannelRelay:
@@ -59,6 +60,7 @@ class ChannelRelay:
         self._context.setsockopt(zmq.LINGER, 0)
         self._watch = watch_requests
         self._requests: OrderedDict[str, None] = OrderedDict()
+        self._replies: OrderedDict[str, None] = OrderedDict()  # execute_reply parents that reached clients
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
         self._controls: list[zmq.Socket[Any]] = []
@@ -132,6 +134,11 @@ class ChannelRelay:
         with self._lock:
             return msg_id in self._requests
 
+    def replied(self, msg_id: str) -> bool:
+        """(any thread) Did the kernel's execute_reply to it go to the client? (``watch_requests``.)"""
+        with self._lock:
+            return msg_id in self._replies
+
     def close(self) -> None:
         """Stop every channel's thread, then the sockets (each closed by its own thread, or here if
         the kernel never bound and no thread took them)."""
@@ -170,7 +177,9 @@ class ChannelRelay:
                     self._note(frames)
                     inner.send_multipart(frames)
                 if inner in events:
-                    outer.send_multipart(inner.recv_multipart())
+                    frames = inner.recv_multipart()
+                    self._note_reply(frames)
+                    outer.send_multipart(frames)
         except zmq.ZMQError:
             return
         finally:
@@ -190,6 +199,21 @@ class ChannelRelay:
                 self._requests[str(header.get("msg_id"))] = None
                 while len(self._requests) > KEEP_REQUESTS:
                     self._requests.popitem(last=False)
+
+    def _note_reply(self, frames: list[bytes]) -> None:
+        """The kernel's message to a client: remember which execution an execute_reply answers."""
+        try:
+            at = frames.index(DELIMITER)
+            if EXECUTE_REPLY not in frames[at + 2]:
+                return
+            header, parent = json.loads(frames[at + 2]), json.loads(frames[at + 3])
+        except (ValueError, IndexError):
+            return
+        if isinstance(header, dict) and header.get("msg_type") == "execute_reply" and isinstance(parent, dict):
+            with self._lock:
+                self._replies[str(parent.get("msg_id"))] = None
+                while len(self._replies) > KEEP_REQUESTS:
+                    self._replies.popitem(last=False)
 
 
 def _bound(url: str) -> bool:

@@ -43,6 +43,7 @@ class DeadlineWatch:
         signal_interrupt: Callable[[], None],
         backstop: Backstop | None,
         log: logging.Logger | logging.LoggerAdapter[Any],
+        replied: Callable[[str], bool] | None = None,
     ) -> None:
         self.policy = policy
         self.escalations: OrderedDict[str, Escalation] = OrderedDict()
@@ -50,6 +51,10 @@ class DeadlineWatch:
         self._signal_interrupt = signal_interrupt
         # The supervisor's backstop, armed and disarmed by us alone.
         self._backstop = backstop
+        # Did the kernel's execute_reply reach the clients (seen by the relay)? A settling execution
+        # is over only then: "idle" and "not executing" are the kernel's word, which a cell can forge
+        # while it sleeps on past its deadline. None: no relay, the kernel's word and the tree's CPU.
+        self._replied = replied
         self._armed: set[str] = set()
         self._settle_from: dict[str, Sample] = {}  # a settling execution's last sample of the tree
         self._lock = threading.Lock()  # pause/resume come from brokered calls' threads
@@ -162,6 +167,9 @@ class DeadlineWatch:
             quiet = reference is not None and sample.cpu_s - reference.cpu_s <= QUIET_CPU_SHARE * max(span, 0.01)
         with self._lock:
             escalation = self.escalations.get(msg_id)
+            settling = escalation is not None and escalation.phase is Phase.SETTLING
+            if settling and self._replied is not None and not self._replied(msg_id):
+                quiet = False  # no reply went to a client: the execution goes on, whatever the kernel said
             action = escalation.on_quiet_check(quiet, now, span) if escalation is not None else Action.NONE
             if escalation is not None and escalation.phase.final:
                 self._settle_from.pop(msg_id, None)

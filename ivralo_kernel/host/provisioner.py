@@ -430,6 +430,7 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
             interrupt=self._interrupt_now,
             backstop=self._backstop_line,
             requested=self.relay.requested if self.relay is not None else None,
+            replied=self.relay.replied if self.relay is not None else None,
         )
         send = self.watchdog.send_control
         self._egress_notes = EgressNotes(lambda note, on_reply: send(names.MSG_EGRESS_NOTE, note, on_reply))

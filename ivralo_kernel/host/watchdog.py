@@ -23,9 +23,8 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ivralo_kernel.host.broker import BrokerResponder
 from ivralo_kernel.host.broker_link import BrokerLink
 from ivralo_kernel.host.deadline_watch import DeadlineWatch
 from ivralo_kernel.host.escalation import DeadlinePolicy, Escalation, Phase
@@ -33,6 +32,9 @@ from ivralo_kernel.host.kernel_channels import KernelChannels
 from ivralo_kernel.host.memory_watch import MemoryWatch
 from ivralo_kernel.host.observer import Observer
 from ivralo_kernel.protocol import names
+
+if TYPE_CHECKING:  # the broker (sqlalchemy, httpx) is loaded by the host that has one, not by a raw launch
+    from ivralo_kernel.host.broker import BrokerResponder
 
 
 @dataclass(frozen=True)
@@ -75,6 +77,7 @@ class Watchdog:
         interrupt: Callable[[], None] | None = None,
         backstop: Callable[[str, float | None], None] | None = None,
         requested: Callable[[str], bool] | None = None,
+        replied: Callable[[str], bool] | None = None,
     ) -> None:
         self.settings = settings
         self.root_pid = root_pid
@@ -94,7 +97,9 @@ class Watchdog:
         # the supervisor is not the launched process: bwrap would die of it).
         signal_interrupt = interrupt or (lambda: os.killpg(root_pid, signal.SIGINT))
         self.deadlines = (
-            DeadlineWatch(settings.deadline, root_pid, clock, self._kill, signal_interrupt, backstop, self._log)
+            DeadlineWatch(
+                settings.deadline, root_pid, clock, self._kill, signal_interrupt, backstop, self._log, replied
+            )
             if settings.deadline is not None
             else None
         )

@@ -71,6 +71,9 @@ ENV_EGRESS_SOCKET: Final = "IVRALO_EGRESS_SOCKET"  # the host's egress proxy (a 
 # A pipe's read end whose writer only the host holds: EOF means the host process is gone (inside a
 # sandbox the supervisor's parent is bwrap, which outlives the host; a thread's exit is not a death).
 ENV_HOST_PIPE_FD: Final = "IVRALO_HOST_PIPE_FD"
+# Set by a raw launch's host (never by the kernel): it enforces the deadline as the provisioner does,
+# so the supervisor takes the backstop's arming and disarming from the host's pipe alone.
+ENV_HOST_ENFORCES_DEADLINE: Final = "IVRALO_HOST_ENFORCES_DEADLINE"
 ENV_RELAY_PORT: Final = "IVRALO_RELAY_PORT"  # where the supervisor offers it on the sandbox's loopback
 # The kernel's exchange folder for the namespace API's data plane (host-made, on tmpfs where there is
 # one): the host creates each segment there; the kernel may write into and unlink what it finds.

@@ -16,6 +16,8 @@ import re
 # embeddings, overrides, isolates and marks; the line and paragraph separators; and lone surrogates
 # (a file name's undecodable bytes, which print as an exception rather than as text).
 _UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069\ud800-\udfff]")
+# The same, but for text of several lines: tab (0x09) and newline (0x0a) pass.
+_UNSAFE_IN_LINES = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069\ud800-\udfff]")
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
@@ -33,7 +35,8 @@ def _escape(match: re.Match[str]) -> str:
 
 def terminal_safe(text: str, keep_newlines: bool = False) -> str:
     """``text`` with every control, bidi override and lone surrogate written as a visible escape.
-    ``keep_newlines``: a message of several lines keeps its line breaks (and nothing else)."""
+    ``keep_newlines``: a message of several lines (a cell's output) keeps its newlines and tabs, and
+    nothing else: a carriage return could still overwrite the line before it."""
     if keep_newlines:
-        return "\n".join(_UNSAFE.sub(_escape, line) for line in str(text).split("\n"))
+        return _UNSAFE_IN_LINES.sub(_escape, str(text))
     return _UNSAFE.sub(_escape, str(text))
