@@ -103,3 +103,35 @@ def test_history_and_run_print_no_raw_control_bytes(workspace: Path, tmp_path: P
     assert shown.returncode == 0, shown
     assert not RAW_CONTROL.search(shown.stdout + shown.stderr), shown.stdout
     assert b"File       evil\\x1b]0;owned" in shown.stdout and b"first" in shown.stdout, shown.stdout
+
+
+@pytest.mark.fast
+def test_doctor_prints_a_hostile_report_escaped(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What doctor prints comes from the kernel it started and from the folder it runs in (names in
+    a databases.json, an interpreter's path): every field of that report, as text a cell could have
+    chosen, is printed escaped."""
+    from ivralo_kernel.cli import doctor as doctor_cli
+
+    evil = "x\x1b]0;owned\x07\x1b[2J\n\u202e"
+    report = {
+        "ok": False,
+        "kernel": {"pid": evil, "bootstrap_ms": evil, "interpreter": {"choice": evil}},
+        "spares": {"detail": evil},
+        "checks": [{"mechanism": evil, "status": "missing", "detail": evil, "next_step": evil}],
+    }
+
+    async def probe(settings: tuple[str, ...], project: str | None = None) -> dict[str, object]:
+        return report
+
+    monkeypatch.setattr(doctor_cli, "_probe", probe)
+    assert doctor_cli.doctor(as_json=False) == 1
+    out = capsys.readouterr().out
+    assert not RAW_CONTROL.search(out.encode()), out
+    assert out.count("x\\x1b]0;owned\\x07\\x1b[2J\\n\\u202e") == 7, out
+    monkeypatch.setattr(doctor_cli, "_probe", lambda *a, **k: probe(()))
+    report.clear()
+    report.update({"ok": False, "error": evil, "checks": []})
+    assert doctor_cli.doctor(as_json=False) == 1
+    assert not RAW_CONTROL.search(capsys.readouterr().out.encode())

@@ -18,6 +18,7 @@ from ivralo_kernel.host.kernel_channels import KernelChannels
 from ivralo_kernel.host.observer import Sample, sample_tree
 from ivralo_kernel.protocol import names
 from ivralo_kernel.protocol.messages import DeadlineNotice
+from ivralo_kernel.protocol.terminal import terminal_safe
 
 CONTROL_ANSWER_S = 0.1  # how long the kernel has to act on a deadline notice itself
 REPLY_MARGIN_S = 0.05  # how much longer its answer may take to reach us
@@ -180,7 +181,7 @@ class DeadlineWatch:
         cannot answer in time (native code holding the GIL), signal the process group instead."""
         self._log.warning(
             "ivralo: execution %s exceeded deadline_ms=%s; interrupting (grace %s ms)",
-            msg_id,
+            terminal_safe(msg_id),  # an id the kernel may have published itself (a forged "busy")
             self.policy.deadline_ms,
             self.policy.interrupt_grace_ms,
         )

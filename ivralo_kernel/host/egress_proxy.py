@@ -106,7 +106,7 @@ class EgressProxy:
         try:
             verdict = self._decide(request.host, request.port)
         except Exception as exc:  # noqa: BLE001 - a failing decision is a refusal, never a hang
-            log.warning("ivralo: deciding %s:%s failed: %s", request.host, request.port, exc)
+            log.warning("ivralo: deciding %s:%s failed: %s", request.host, request.port, terminal_safe(str(exc)))
             verdict = Verdict(False, "the host could not decide")
         self.decisions.append((request.host, request.port, verdict.allowed))
         if not verdict.allowed:
