@@ -244,3 +244,43 @@ async def test_a_yes_reaches_what_was_asked_about_and_nothing_else(workspace: Pa
         f"Code in run_python wants to reach 127.0.0.1, this machine, written as 2130706433, port {port}",
         f"Code in run_python wants to reach 127.0.0.1, this machine, written as 2130706433, port {other}",
     ]
+
+
+def _a_name_only_for_loopback() -> str:
+    """This machine's own host name, where it resolves to loopback alone (as /etc/hosts has it on
+    most machines); else the test is skipped: no other address is ever reached."""
+    import socket
+
+    name = socket.gethostname().lower()
+    try:
+        addresses = {info[4][0] for info in socket.getaddrinfo(name, 80, type=socket.SOCK_STREAM)}
+    except OSError:
+        pytest.skip(f"the host name {name!r} does not resolve here")
+    if not addresses or not all(is_loopback(a) for a in addresses) or normalize(name).local:
+        pytest.skip(f"the host name {name!r} resolves to {sorted(addresses)}, not loopback alone")
+    return name
+
+
+async def test_a_yes_to_a_name_that_points_at_this_machine_is_not_a_yes_to_this_machine(workspace: Path) -> None:
+    """A name that looks like any other (here this machine's host name; a rebinding domain or
+    ``127.0.0.1.nip.io`` alike) but resolves to loopback: the person said yes to the name, so the
+    proxy refuses it, saying where it points; the person's own hosts.allow entry reaches it."""
+    import json
+
+    from ivralo_kernel.host import Session, WorkerConfig
+
+    name = _a_name_only_for_loopback()
+
+    async def ask(question: str, choices: tuple[str, ...]) -> str:
+        return "yes"
+
+    with counting_http() as (port, hits):
+        async with Session(workspace=workspace, ask=ask, config=WorkerConfig(sandbox="required")) as session:
+            said = await session.run(FETCH.format(host=name, port=port, path="asked"))
+        assert hits == [], said
+        assert isinstance(said, dict) and "resolves to 127." in said["error"], said
+        assert "this machine" in said["error"] and "which the question did not name" in said["error"], said
+        (workspace / ".ivralo" / "permissions.json").write_text(json.dumps({"hosts": {"allow": [f"{name}:{port}"]}}))
+        async with Session(workspace=workspace, config=WorkerConfig(sandbox="required")) as session:
+            said = await session.run(FETCH.format(host=name, port=port, path="listed"))
+        assert hits == ["/listed"], said

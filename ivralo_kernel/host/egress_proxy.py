@@ -22,7 +22,8 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ivralo_kernel.protocol.egress_names import normalize
+from ivralo_kernel.protocol.egress import ALLOW_LIST
+from ivralo_kernel.protocol.egress_names import Target, normalize
 from ivralo_kernel.protocol.proxying import (
     TUNNEL_ESTABLISHED,
     BadRequest,
@@ -116,9 +117,21 @@ class EgressProxy:
             self._answer(conn, 403, status, refusal_text(request, verdict.reason))
             return
         try:  # resolved only now, after the decision; to what the name means, as it was judged
-            meant = normalize(request.host).host
-            upstream = socket.create_connection((meant, request.port), timeout=CONNECT_TIMEOUT_S)
-            upstream.settimeout(None)
+            target = normalize(request.host)
+            addresses = _resolve(target.host, request.port)
+            surprise = _surprise(target, addresses) if verdict.reason != ALLOW_LIST else None
+            if surprise is not None:
+                verdict.recorded()
+                why = f"{request.host} resolves to {surprise}, which the question did not name"
+                status = f"Forbidden by ivralo: {request.host} refused ({why})"
+                text = (
+                    f"ivralo refused {request.host}:{request.port}: {why}. A name that DNS points at this "
+                    f"machine or your network is reached only when hosts.allow (.ivralo/permissions.json) "
+                    f"names it, or by its address, which the question then names."
+                )
+                self._answer(conn, 403, status, text)
+                return
+            upstream = _connect(addresses, request.port)
         except (OSError, ValueError) as exc:
             verdict.recorded()
             why = getattr(exc, "strerror", None) or str(exc)
@@ -146,6 +159,38 @@ class EgressProxy:
             conn.sendall(response(status, reason, text))
         with contextlib.suppress(OSError):
             conn.close()
+
+
+def _resolve(host: str, port: int) -> list[str]:
+    """The addresses a name has now, once: the connection goes to these, never to a second lookup
+    (which a rebinding DNS server could answer otherwise)."""
+    found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    return list(dict.fromkeys(str(sockaddr[0]) for *_, sockaddr in found))
+
+
+def _surprise(target: Target, addresses: list[str]) -> str | None:
+    """A public name that points at this machine or the person's network (``127.0.0.1.nip.io``, a
+    rebinding domain): the person was asked about the name, not about that place."""
+    if target.local:
+        return None
+    for address in addresses:
+        place = normalize(address)
+        if place.local:
+            return f"{place.host} ({place.place})"
+    return None
+
+
+def _connect(addresses: list[str], port: int) -> socket.socket:
+    error: OSError = OSError("the name has no address")
+    for address in addresses:
+        try:
+            upstream = socket.create_connection((address, port), timeout=CONNECT_TIMEOUT_S)
+        except OSError as exc:
+            error = exc
+            continue
+        upstream.settimeout(None)
+        return upstream
+    raise error
 
 
 def _one_line(text: str) -> str:

@@ -37,6 +37,7 @@ PORTS_OF_A_HOST_WITHOUT_PORT = (80, 443)
 
 
 LOOPBACK = "loopback"  # the allow-list keyword for every loopback name and address
+ALLOW_LIST = "hosts.allow"  # the reason of a decision the allow list made (the person's own entry)
 
 
 def is_loopback(host: str) -> bool:
@@ -94,7 +95,7 @@ class EgressPolicy:
             return False, str(exc)
         for entry in self.allow:
             if entry.matches(target, port):
-                return True, "hosts.allow"
+                return True, ALLOW_LIST
         return None, "not in hosts.allow"
 
 
