@@ -53,7 +53,7 @@ if TYPE_CHECKING:
 
 # As the supervisor's own (supervisor/run.py SIGNAL_KILL_NOW): end the whole tree now.
 SIGNAL_KILL_NOW = signal.SIGUSR1
-SUPERVISOR_KILL_BUDGET_S = 1.0  # then SIGKILL: a supervisor that did not end the tree by then cannot
+SUPERVISOR_KILL_BUDGET_S = 3.0  # as the provisioner's: then SIGKILL, a supervisor that did not end the tree cannot
 TERM_GRACE_S = 5.0  # the supervisor's own grace (3 s) and its clean-up, before we end it ourselves
 PARENT_POLL_S = 0.5
 _WATCHED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGCHLD)
@@ -269,6 +269,11 @@ def _run(
         watchdog.stop()
     proxy.close()
     files.end()
+    loss = watchdog.loss if watchdog is not None else None
+    if loss is not None and loss.cause.startswith("timeout"):
+        # Ended for its deadline, by this host or by the supervisor's backstop: the status says so
+        # either way, as timeout(1)'s does (VS Code shows it).
+        return names.DEADLINE_EXIT_STATUS
     return from_returncode(process.returncode)
 
 
