@@ -356,3 +356,49 @@ def test_a_cell_cannot_disarm_its_raw_launch_deadline(workspace: Path, tmp_path:
         took = time.monotonic() - started
         assert took < 15, f"the cell ran {took:.1f} s past a 3 s deadline"
         assert took >= 3, f"ended after {took:.1f} s, before its deadline"
+
+
+# A cell that answers for itself: its own execute_reply and idle, "not executing" if asked, then on
+# running (sleeping, so its tree looks quiet) while the client believes it finished.
+FORGES_ITS_REPLY = r"""
+import signal, time
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+k = get_ipython().kernel
+parent = k.get_parent()
+ident = k._get_shell_context_var(k._shell_parent_ident)
+content = {"status": "ok", "execution_count": 1, "user_expressions": {}, "payload": []}
+k.session.send(k.shell_stream, "execute_reply", content, parent, ident=ident)
+k.session.send(k.iopub_socket, "status", {"execution_state": "idle"}, parent, ident=k._topic("status"))
+k._executing = None
+start = time.monotonic()
+while time.monotonic() - start < 25:
+    try:
+        time.sleep(0.05)
+    except BaseException:
+        pass
+"""
+
+
+def test_a_cell_that_forges_its_own_reply_does_not_hold_the_kernel_past_the_next_deadline(
+    workspace: Path, tmp_path: Path
+) -> None:
+    """The client takes the forged reply and sends its next cell, which the kernel cannot start:
+    the host counts that cell's deadline from when its turn came (the relay saw every earlier
+    request answered), whatever the kernel says, and ends the tree by deadline + grace + margin."""
+    import time
+
+    from kernel_helpers import reply_to
+
+    base = KernelSpecManager().get_kernel_spec("ivralo")
+    env = {**base.env, "IVRALO_DEADLINE_MS": "3000", "IVRALO_INTERRUPT_GRACE_MS": "1000"}
+    spec = KernelSpec(argv=base.argv, display_name="deadline", language="python", env=env)
+    with raw_launch(workspace, tmp_path, spec=spec) as raw:
+        kernel = kernel_in_tree(raw.proc.pid)
+        forged = reply_to(raw.client, raw.client.execute(FORGES_ITS_REPLY), 30)
+        assert forged["content"]["status"] == "ok", "the client took the forged reply"
+        started = time.monotonic()
+        raw.client.execute("1 + 1")
+        wait_until(lambda: gone(kernel), 20, "the kernel to be ended at the next cell's deadline")
+        took = time.monotonic() - started
+        assert took < 15, f"the next cell waited {took:.1f} s behind a 3 s deadline"
+        assert raw.proc.wait(timeout=15) == 124, "ended for its deadline"

@@ -22,6 +22,7 @@ import contextlib
 import json
 import os
 import threading
+import time
 from collections import OrderedDict
 from typing import Any
 
@@ -59,8 +60,9 @@ class ChannelRelay:
         self._context = zmq.Context()
         self._context.setsockopt(zmq.LINGER, 0)
         self._watch = watch_requests
-        self._requests: OrderedDict[str, None] = OrderedDict()
-        self._replies: OrderedDict[str, None] = OrderedDict()  # execute_reply parents that reached clients
+        # execute_request id -> when a client sent it; execute_reply parent -> when it reached a client
+        self._requests: OrderedDict[str, float] = OrderedDict()
+        self._replies: OrderedDict[str, float] = OrderedDict()
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
         self._controls: list[zmq.Socket[Any]] = []
@@ -139,6 +141,21 @@ class ChannelRelay:
         with self._lock:
             return msg_id in self._replies
 
+    def turn(self, since: float) -> tuple[str, float] | None:
+        """(any thread) The execute_request the kernel must be running now, by what clients sent and
+        were answered (not by what the kernel says): the first one sent at ``since`` or later that has
+        no reply yet, and when its turn came (its request, or the reply to the one before it)."""
+        with self._lock:
+            came = since
+            for msg_id, sent in self._requests.items():
+                if sent < since:
+                    continue
+                answered = self._replies.get(msg_id)
+                if answered is None:
+                    return msg_id, max(sent, came)
+                came = max(came, answered)
+        return None
+
     def close(self) -> None:
         """Stop every channel's thread, then the sockets (each closed by its own thread, or here if
         the kernel never bound and no thread took them)."""
@@ -196,7 +213,7 @@ class ChannelRelay:
             return
         if isinstance(header, dict) and header.get("msg_type") == "execute_request":
             with self._lock:
-                self._requests[str(header.get("msg_id"))] = None
+                self._requests[str(header.get("msg_id"))] = time.monotonic()
                 while len(self._requests) > KEEP_REQUESTS:
                     self._requests.popitem(last=False)
 
@@ -211,7 +228,7 @@ class ChannelRelay:
             return
         if isinstance(header, dict) and header.get("msg_type") == "execute_reply" and isinstance(parent, dict):
             with self._lock:
-                self._replies[str(parent.get("msg_id"))] = None
+                self._replies[str(parent.get("msg_id"))] = time.monotonic()
                 while len(self._replies) > KEEP_REQUESTS:
                     self._replies.popitem(last=False)
 

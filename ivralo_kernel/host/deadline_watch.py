@@ -81,6 +81,17 @@ class DeadlineWatch:
                 while len(self.escalations) > KEEP_OUTCOMES:
                     self.escalations.popitem(last=False)
 
+    def on_turn(self, msg_id: str, at: float) -> None:
+        """A client's request whose turn has come (the relay saw every earlier one answered): its
+        deadline counts from then, whether or not the kernel ever says "busy" for it. A cell that
+        forged its own reply and went on running is still the one that holds the kernel."""
+        with self._lock:
+            if msg_id not in self.escalations:
+                self.escalations[msg_id] = Escalation(self.policy, started_at=at)
+                self._arm(msg_id)
+                while len(self.escalations) > KEEP_OUTCOMES:
+                    self.escalations.popitem(last=False)
+
     def on_idle(self, msg_id: str) -> None:
         with self._lock:
             escalation = self.escalations.get(msg_id)

@@ -334,6 +334,7 @@ def deadline_watchdog(
         backstop=backstop,
         requested=relay.requested,
         replied=relay.replied,
+        turn=relay.turn,
     )
 
 

@@ -78,6 +78,7 @@ class Watchdog:
         backstop: Callable[[str, float | None], None] | None = None,
         requested: Callable[[str], bool] | None = None,
         replied: Callable[[str], bool] | None = None,
+        turn: Callable[[float], tuple[str, float] | None] | None = None,
     ) -> None:
         self.settings = settings
         self.root_pid = root_pid
@@ -88,6 +89,10 @@ class Watchdog:
         self._on_loss = on_loss
         # Did a client send this execute_request? (Seen by the relay; None: no relay, trust the kernel.)
         self._requested = requested
+        # Which client request holds the kernel now, by the relay's count of requests and replies
+        # (None: "busy" alone starts a deadline). Only requests from this watchdog's start on.
+        self._turn = turn
+        self._started = clock()
         self.channels = KernelChannels(connection_info)
         self.observer = Observer(root_pid, settings.stall_window_ms, clock)
         self.running: OrderedDict[str, dict[str, Any]] = OrderedDict()  # msg_id -> request header
@@ -175,6 +180,8 @@ class Watchdog:
                     self._check_memory()
                     self._check_exit()
                 if self.deadlines is not None and self.loss is None:
+                    if self._turn is not None and (holding := self._turn(self._started)) is not None:
+                        self.deadlines.on_turn(*holding)
                     self.deadlines.advance(now, channels, self._on_control)
         except Exception:  # noqa: BLE001 - a watchdog that dies silently is worse than a logged one
             self._log.exception("ivralo watchdog for pid %s stopped", self.root_pid)
