@@ -86,7 +86,7 @@ def shell_parent_ident(kernel: Any) -> Any:
     ``Kernel._parent_ident["shell"]`` is a backward-compatibility view of the same value.
 
     If it changes: the host cannot answer a killed execution's cell (it no longer knows the
-    requester), and the egress prompt's questions asked from another thread reach no frontend.
+    requester).
     """
     return kernel._get_shell_context_var(kernel._shell_parent_ident)
 
@@ -99,26 +99,6 @@ def iopub_topic(kernel: Any, topic: str) -> bytes:
     clients that subscribe by topic miss them.
     """
     return cast(bytes, kernel._topic(topic))
-
-
-def stdin_allowed(kernel: Any) -> bool:
-    """Whether the running request allows input requests: the trait ``Kernel._allow_stdin``, set from
-    the request's ``allow_stdin`` by ``IPythonKernel._forward_input`` (ipykernel 7.4).
-
-    If it changes: the guard's questions for the person (egress, broker) are never asked, or asked of
-    a client that cannot answer.
-    """
-    return bool(kernel._allow_stdin)
-
-
-def input_request(kernel: Any, prompt: str, ident: Any, parent: dict[str, Any]) -> str:
-    """An ``input_request`` to the client that sent ``parent``, from any thread:
-    ``Kernel._input_request(prompt, ident, parent, password=False)`` (ipykernel 7.4; ``raw_input``
-    calls it with the current thread's parent, which a thread of ivralo's own does not have).
-
-    If it changes: questions asked from the egress prompt's thread fail and the answer is "no".
-    """
-    return str(kernel._input_request(prompt, ident, parent, password=False))
 
 
 def route_control(kernel: Any, msg_type: str, handler: Callable[..., Any]) -> None:

@@ -52,7 +52,7 @@ def deadline_kill() -> list[str]:
 def egress_question() -> list[str]:
     from ivralo_kernel.guards.network import hosts_tried_line
     from ivralo_kernel.host.egress import cell_question
-    from ivralo_kernel.kernel.egress_judge import prompt_text
+    from ivralo_kernel.host.person_question import prompt_text
 
     asked = prompt_text(cell_question("localhost", 1).replace("port 1", "port " + VARIES), ["yes", "no"]).rstrip()
     return _fragments(asked, hosts_tried_line({"localhost": "allowed (yes this time)"}))

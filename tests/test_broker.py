@@ -260,7 +260,7 @@ async def test_forged_and_malformed_requests_fail_closed(workspace: Path, endpoi
     assert isinstance(result, str), result
     lines = result.splitlines()
     assert lines[0] == "forged: the request is not from a running execution (a forged or late message)"
-    assert lines[1] == "answer: an answer to a question nobody asked"
+    assert lines[1] == "answer: an answer sent from the kernel counts for nothing: the host asks the person itself"
     assert lines[2:9] == [
         "malformed: malformed call: give the operation's name and its parameters",
         "malformed: malformed call: give the operation's name and its parameters",

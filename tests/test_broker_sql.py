@@ -196,6 +196,54 @@ async def test_sqlite_through_the_broker(workspace: Path, shop: Path) -> None:
     assert not [text for text in seen if url in text]
 
 
+def reset_peak_rss() -> None:
+    """The host's (this process's) peak RSS starts again from its current RSS (Linux >= 4.0)."""
+    Path("/proc/self/clear_refs").write_text("5")
+
+
+def peak_rss_bytes() -> int:
+    match = re.search(r"^VmHWM:\s+(\d+) kB$", Path("/proc/self/status").read_text(), re.MULTILINE)
+    assert match, "no VmHWM in /proc/self/status"
+    return int(match.group(1)) * 1024
+
+
+async def test_the_broker_caps_bytes_while_it_fetches(workspace: Path, shop: Path) -> None:
+    """Rows far larger than max_bytes never reach the host's memory: a value larger than the cap is
+    refused by SQLite before the host holds it (five zeroblob(200000000) rows, 1 GB in all, once cost
+    the host 2.4 GiB under a 64 MiB cap), and many rows each under the cap are cut as they come, not
+    after a whole batch is built. Judged by the host's own peak RSS (this process runs the broker)."""
+    five = "with r(i) as (values (1), (2), (3), (4), (5)) select i, zeroblob(200000000) as b from r"
+    hundred = "with recursive r(i) as (select 1 union all select i + 1 from r where i < 100) "
+    hundred += "select i, zeroblob(8000000) as b from r"
+    write_databases(workspace, {"shop": "SHOP_DB_URL", "shop_small": {"url_env": "SHOP_DB_URL", "max_bytes": 16 << 20}})
+    async with Session(workspace=workspace, grants=("databases",)) as session:
+        ok(await session.run("import warnings"))  # the kernel warmed up before the host's peak is reset
+        reset_peak_rss()
+        before = peak_rss_bytes()
+        error = failed(await session.run(f"ivralo.sql('shop', {five!r})"))
+        grown = peak_rss_bytes() - before
+        assert "string or blob too big" in error and "larger than max_bytes of shop, 67108864 bytes" in error, error
+        assert "substr" in error, error
+        assert grown < 100 << 20, f"the host's peak RSS grew by {grown >> 20} MiB for 1 GB of blobs"
+
+        reset_peak_rss()
+        before = peak_rss_bytes()
+        out = ok(
+            await session.run(
+                "with warnings.catch_warnings(record=True) as caught:\n"
+                '    warnings.simplefilter("always")\n'
+                f"    rows = ivralo.sql('shop_small', {hundred!r})\n"
+                "print(len(rows), [str(w.message) for w in caught])"
+            )
+        )
+        grown = peak_rss_bytes() - before
+        assert out.startswith(
+            "1 ['ivralo: the result of the query on shop_small was cut at 1 rows: 16777216 bytes (max_bytes of "
+            "shop_small)']\n"
+        ), out
+        assert grown < 200 << 20, f"the host's peak RSS grew by {grown >> 20} MiB for 800 MB of blobs"
+
+
 async def test_a_query_reaches_no_other_file(workspace: Path, shop: Path, tmp_path: Path) -> None:
     """ATTACH (which creates its file), VACUUM INTO and load_extension are refused by the host's
     authorizer, on a read-write entry too; judged by the files on disk and the row count."""

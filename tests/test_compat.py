@@ -29,7 +29,6 @@ from ipykernel.ipkernel import IPythonKernel
 from ipykernel.kernelapp import IPKernelApp
 from ipykernel.kernelbase import Kernel
 from ipykernel.zmqshell import ZMQInteractiveShell
-from IPython.core.error import StdinNotImplementedError
 from IPython.core.interactiveshell import InteractiveShell
 from jupyter_client.launcher import launch_kernel
 from jupyter_client.provisioning.local_provisioner import LocalProvisioner
@@ -248,76 +247,6 @@ def test_shell_parent_ident_is_the_requester_in_any_thread(probe: Probe) -> None
         compat.shell_parent_ident,
         f"from another thread it gave {seen_by_thread} (the shell context's fallback is gone)",
     )
-
-
-@pytest.mark.fast  # starts no process
-def test_allow_stdin_is_the_flag_ipykernel_sets_from_the_request() -> None:
-    assert "_allow_stdin" in Kernel.class_traits(), changed(
-        "ipykernel.kernelbase.Kernel._allow_stdin", compat.stdin_allowed, "it is no longer a trait"
-    )
-    kernel = Kernel(log=logging.getLogger("compat"))
-    assert compat.stdin_allowed(kernel) is False
-    with pytest.raises(StdinNotImplementedError):
-        kernel.raw_input("who?")  # the same flag gates ipykernel's own input()
-    IPythonKernel._forward_input(kernel, True)  # what do_execute does with the request's allow_stdin
-    try:
-        allowed = compat.stdin_allowed(kernel)
-    finally:
-        IPythonKernel._restore_input(kernel)
-    assert allowed is True, changed(
-        "ipykernel.kernelbase.Kernel._allow_stdin",
-        compat.stdin_allowed,
-        "IPythonKernel._forward_input(allow_stdin=True) no longer sets it",
-    )
-
-
-@pytest.mark.fast  # starts no process
-def test_input_request_asks_the_client_that_sent_the_request() -> None:
-    assert_params(
-        Kernel,
-        "_input_request",
-        ["self", "prompt", "ident", "parent", "password"],
-        compat.input_request,
-        {"password": False},
-    )
-    context = zmq.Context()
-    stdin = context.socket(zmq.ROUTER)
-    port = stdin.bind_to_random_port("tcp://127.0.0.1")
-    client = context.socket(zmq.DEALER)
-    client.setsockopt(zmq.IDENTITY, b"client-1")
-    client.connect(f"tcp://127.0.0.1:{port}")
-    # A ROUTER drops a message to an identity it has not heard from yet: the client speaks first, and
-    # the kernel's socket hears it, before any input_request is sent (a handshake, not a race).
-    client.send(b"hello")
-    assert stdin.poll(10_000), "the client never reached the kernel's stdin socket"
-    assert stdin.recv_multipart() == [b"client-1", b"hello"]
-    session = Session(key=b"compat")
-    kernel = Kernel(session=session, stdin_socket=stdin, log=logging.getLogger("compat"))
-    parent = session.msg("execute_request", {})
-    asked: list[dict[str, Any]] = []
-
-    def person() -> None:
-        # Answers the input_request; without one in 10 s, a reply that makes the test fail.
-        if client.poll(10_000):
-            asked.append(session.recv(client)[1] or {})
-            session.send(client, "input_reply", {"value": "yes"}, parent=asked[0])
-        else:
-            session.send(client, "input_reply", {"value": "no input_request came"})
-
-    answering = threading.Thread(target=person)
-    answering.start()
-    try:
-        answer = compat.input_request(kernel, "allow? ", [b"client-1"], parent)
-    finally:
-        answering.join()
-        stdin.close(linger=0)
-        client.close(linger=0)
-        context.term()
-    assert answer == "yes", changed(
-        "ipykernel.kernelbase.Kernel._input_request", compat.input_request, f"got {answer!r}"
-    )
-    assert asked[0]["content"] == {"prompt": "allow? ", "password": False}
-    assert asked[0]["parent_header"]["msg_id"] == parent["header"]["msg_id"]
 
 
 def test_cancel_on_sigint_is_what_ipykernel_wraps_an_awaiting_cell_in() -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from ivralo_kernel.host import (
     NamespaceTimeoutError,
     NamespaceWorkerLostError,
     Session,
+    TransferRefusedError,
     UnsupportedValueError,
     WorkerConfig,
 )
@@ -215,3 +217,133 @@ async def test_without_the_sandbox_the_segment_lives_in_dev_shm(workspace: Path)
             assert os.path.dirname(folder) == SHM
         pd.testing.assert_frame_equal(await session.get_dataframe("df"), frame)
         assert segments_left(folder) == []
+
+
+# --- the kernel lies (code in the kernel replaces its data plane) -------------------------------------
+
+FORGED_SIZE = """
+import json
+real = _ivralo_dataplane
+class Forged:
+    def __getattr__(self, name):
+        return getattr(real, name)
+    def prepare(self, name, tables_only=False, or_repr=False):
+        return json.dumps({{"kind": "arrow", "size": {size}, "as": "pandas.DataFrame"}})
+_ivralo_dataplane = Forged()
+"""
+
+# A string column whose offsets run backwards (5, then -2000000000): Arrow's cheap validate() passes it.
+FORGED_ARROW = """
+import json
+import numpy as np
+import pyarrow as pa
+real = _ivralo_dataplane
+offsets = pa.py_buffer(np.array([0, 5, -2_000_000_000, 6], dtype=np.int32).tobytes())
+column = pa.Array.from_buffers(pa.string(), 3, [None, offsets, pa.py_buffer(b"abcdef")])
+sink = pa.BufferOutputStream()
+with pa.ipc.new_stream(sink, pa.schema([("s", pa.string())])) as writer:
+    writer.write_table(pa.table({"s": column}))
+forged = sink.getvalue().to_pybytes()
+class Forged:
+    def __getattr__(self, name):
+        return getattr(real, name)
+    def prepare(self, name, tables_only=False, or_repr=False):
+        return json.dumps({"kind": "arrow", "size": len(forged), "as": "pandas.DataFrame"})
+    def write(self, path, capacity):
+        real._map(path, capacity)[: len(forged)] = forged
+        return json.dumps({"size": len(forged)})
+_ivralo_dataplane = Forged()
+"""
+
+
+def reset_peak_rss() -> None:
+    """The host's (this process's) peak RSS starts again from its current RSS (Linux >= 4.0)."""
+    Path("/proc/self/clear_refs").write_text("5")
+
+
+def peak_rss_bytes() -> int:
+    match = re.search(r"^VmHWM:\s+(\d+) kB$", Path("/proc/self/status").read_text(), re.MULTILINE)
+    assert match, "no VmHWM in /proc/self/status"
+    return int(match.group(1)) * 1024
+
+
+@pytest.mark.parametrize(
+    ("limit", "size"),
+    [(None, 1 << 50), (1 << 30, int(4.2 * (1 << 30)))],
+    ids=["a-pebibyte-under-the-default-limit", "4.2-GiB-under-a-1-GiB-limit"],
+)
+async def test_a_size_the_kernel_declares_is_checked_before_anything_is_reserved(
+    workspace: Path, limit: int | None, size: int
+) -> None:
+    """Judged from the host: a clear error, the host's peak RSS and /dev/shm unchanged by the declared
+    size, no segment left, the worker still answering."""
+    config = WorkerConfig() if limit is None else WorkerConfig(memory_limit_bytes=limit)
+    async with Session(workspace=workspace, config=config) as session:
+        assert await session.run("import pandas as pd\ndf = pd.DataFrame({'x': [1, 2]})") == ""
+        assert await session.run(FORGED_SIZE.format(size=size)) == ""
+        folder = exchange_dir(session)
+        reset_peak_rss()
+        before = peak_rss_bytes()
+        with pytest.raises(TransferRefusedError, match="more than the host takes in one transfer") as refused:
+            await session.get_dataframe("df")
+        grown = peak_rss_bytes() - before
+        assert f"({size} bytes)" in str(refused.value) and "Nothing was reserved" in str(refused.value)
+        assert "transfer_cap_bytes" in str(refused.value)
+        assert grown < 64 << 20, f"the host's peak RSS grew by {grown >> 20} MiB"
+        assert segments_left(folder) == []
+        assert await session.run("print(len(df))") == "2\n"
+
+
+async def test_arrow_data_the_kernel_forged_is_validated_in_full_before_it_is_converted(workspace: Path) -> None:
+    """Offsets out of order pass Arrow's cheap validate(); converting them read the host's memory
+    out of bounds (a SIGSEGV once). The host lives: it runs this test and asks the worker again."""
+    async with Session(workspace=workspace) as session:
+        assert await session.run("import pandas as pd\ndf = pd.DataFrame({'x': [1, 2]})") == ""
+        assert await session.run(FORGED_ARROW) == ""
+        folder = exchange_dir(session)
+        with pytest.raises(TransferRefusedError, match="the Arrow data the kernel wrote is not valid") as refused:
+            await session.get_dataframe("df")
+        assert "non-monotonic offset" in str(refused.value), refused.value
+        assert segments_left(folder) == []
+        assert await session.run("print(len(df))") == "2\n"
+
+
+# The kernel truncates the segment the host reserved (through a descriptor of its own, before anything
+# maps it) and says it wrote a megabyte: a host that mapped the segment would die of SIGBUS touching it.
+TRUNCATED = """
+import json, os
+real = _ivralo_dataplane
+class Forged:
+    def __getattr__(self, name):
+        return getattr(real, name)
+    def write(self, path, capacity):
+        fd = os.open(path, os.O_RDWR)
+        os.ftruncate(fd, 0)
+        os.close(fd)
+        return json.dumps({"size": 1 << 20})
+_ivralo_dataplane = Forged()
+"""
+
+
+async def test_a_segment_the_kernel_truncates_does_not_kill_the_host(workspace: Path) -> None:
+    """Landlock's truncate right (ABI 3, Linux 6.2) refuses the truncate where it exists; without it
+    (older kernels, or landlock=False as here) the host's own reads must hold: it never maps."""
+    async with Session(workspace=workspace, config=WorkerConfig(landlock=False)) as session:
+        # 1.6 MB, made in the kernel: the get's segment is a fresh one, its file still there to open.
+        assert await session.run("import numpy as np, pandas as pd\ndf = pd.DataFrame({'x': np.arange(200_000)})") == ""
+        assert await session.run(TRUNCATED) == ""
+        with pytest.raises(TransferRefusedError, match="truncated from the kernel's side"):
+            await session.get_dataframe("df")
+        assert segments_left(exchange_dir(session)) == []
+        assert await session.run("print(len(df))") == "200000\n"
+
+
+async def test_the_transfer_cap_is_a_setting(workspace: Path) -> None:
+    """A real table larger than transfer_cap_bytes is refused before anything is reserved, naming
+    the setting; under it, the same call works."""
+    async with Session(workspace=workspace, config=WorkerConfig(transfer_cap_bytes=1 << 20)) as session:
+        made = "import numpy as np, pandas as pd\nbig = pd.DataFrame({'x': np.arange(200_000)})\nsmall = big.head(10)"
+        assert await session.run(made) == ""
+        with pytest.raises(TransferRefusedError, match=r"1\.0 MiB, transfer_cap_bytes\. Nothing was reserved"):
+            await session.get_dataframe("big")
+        assert len(await session.get_dataframe("small")) == 10

@@ -190,3 +190,26 @@ async def test_a_gateway_that_is_not_there_says_so_and_what_to_check() -> None:
     assert f"the gateway http://127.0.0.1:{port} did not answer" in result["error"], result
     assert "jupyter-kernel-gateway runs there" in result["error"]
     assert "not-a-real-token" not in str(result)
+
+
+@pytest.mark.parametrize("answer", ["yes", "no"])
+async def test_the_agents_ask_answers_the_gateway_hosts_question(
+    gateway: tuple[str, int], tmp_path: Path, answer: str
+) -> None:
+    """Behind a gateway the host that asks is the gateway's provisioner, on its relay's stdin: the
+    question reaches the agent's ``ask`` over the websocket, and its answer counts (judged by the
+    loopback server's hits)."""
+    from sandbox_cases import counting_http
+
+    asked: list[tuple[str, tuple[str, ...]]] = []
+
+    async def ask(question: str, choices: tuple[str, ...]) -> str:
+        asked.append((question, choices))
+        return answer
+
+    with counting_http() as (port, hits):
+        async with Session(tmp_path, ask=ask, gateway_url=url_of(gateway)) as session:
+            code = f"import urllib.request\nprint(urllib.request.urlopen('http://localhost:{port}/gw').status)"
+            result = await session.run(code)
+    assert asked == [(f"Code in this cell wants to reach localhost (port {port})", ("yes", "no"))], result
+    assert hits == (["/gw"] if answer == "yes" else []), result

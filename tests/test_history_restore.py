@@ -6,9 +6,9 @@ overwrites; a kernel that goes on writing after a host-side restore still prunes
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -16,8 +16,9 @@ import pytest
 from ivralo_kernel.cli.app import main
 from ivralo_kernel.guards.history import History
 from ivralo_kernel.host import Session, SyncSession, WorkerConfig
+from ivralo_kernel.host.history_ledger import MAX_INDEX_BYTES, HistoryRecorder
 from ivralo_kernel.host.history_store import HistoryError, HistoryStore, NewerChangeError
-from ivralo_kernel.protocol.history_index import INDEX, parse_line
+from ivralo_kernel.protocol.history_index import INDEX, copy_id, parse_line
 
 # Binary, and different for each file: a restore that mixed them up, or decoded them, shows.
 PAYLOADS = {name: bytes(range(256)) * 20 + name.encode() for name in ("a.bin", "b.bin", "c.bin", "d.bin")}
@@ -158,9 +159,59 @@ def test_a_kernel_writing_after_a_host_restore_still_prunes_to_its_caps(workspac
     assert restored["kept"] not in kept and len(kept) == 5, "the host's copy counted, and pruned in its turn"
 
 
+FORGE_BY_SH = """
+import json, shlex, subprocess, time
+for copy, target, content in {forgeries!r}:
+    line = json.dumps({{"time": "2026-11-29T10:00:00+0000", "ns": time.time_ns(), "path": target,
+                        "operation": "open for writing", "size": len(content), "copy": copy}})
+    script = f"printf %s {{shlex.quote(content)}} > .ivralo/history/{{copy}} && "
+    script += f"printf '%s\\n' {{shlex.quote(line)}} >> .ivralo/history/index.jsonl"
+    print(subprocess.run(["sh", "-c", script]).returncode, end=" ")
+"""
+
+
+def test_copies_code_in_the_kernel_forges_or_rewrites_are_never_restored(
+    workspace: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A cell forges copies and index lines with sh (the history folder is writable inside) for
+    .vscode/settings.json and databases.json, and rewrites a genuine copy: neither Session.restore
+    nor the person's `history restore` writes any of it. Judged by the files on disk."""
+    ws = Path(os.path.realpath(workspace))
+    (ws / "notes.txt").write_text("the person's notes\n")
+    (ws / "databases.json").write_text('{"shop": "SHOP_DB_URL"}')
+    forgeries = [
+        ("20261129-100000-000000001-settings.json", str(ws / ".vscode" / "settings.json"), '{"evil": true}'),
+        ("20261129-100000-000000002-databases.json", str(ws / "databases.json"), '{"evil": "EVIL_URL"}'),
+    ]
+    with SyncSession(workspace=workspace) as session:
+        assert session.run(FORGE_BY_SH.format(forgeries=forgeries)) == "0 0 "
+        assert session.history() == []
+        for copy, _target, _content in forgeries:
+            with pytest.raises(HistoryError, match="the host never recorded that copy"):
+                session.restore(copy_id(copy))
+            code, _, err = cli(capsys, "restore", copy_id(copy), "--force", "--workspace", str(ws))
+            assert code != 0 and "never recorded" in err, err
+
+        # A genuine copy (the write guard's, recorded by the host), then rewritten from sh.
+        assert session.run("_ = open('notes.txt', 'w').write('a cell wrote this\\n')") == ""
+        (genuine,) = session.history()
+        rewrite = f"printf evil > .ivralo/history/{genuine['copy'].split('/')[-1]}"
+        out = session.run(f"import subprocess\nsubprocess.run(['sh', '-c', {rewrite!r}])")
+        assert isinstance(out, str), out
+        with pytest.raises(HistoryError, match="no longer holds the bytes the host recorded"):
+            session.restore(genuine["id"], force=True)
+    assert not (ws / ".vscode").exists()
+    assert (ws / "databases.json").read_text() == '{"shop": "SHOP_DB_URL"}'
+    assert (ws / "notes.txt").read_text() == "a cell wrote this\n"
+
+
 # Without a kernel: the rules, on copies the write guard's own History makes --------------------------
 def kept_by_guard(ws: Path, name: str, operation: str = "open for writing") -> None:
+    """A copy the write guard's own History makes, recorded by the host as a kernel's host records it
+    (a recorder made before the kernel starts, a pass when its execution ends)."""
+    recorder = HistoryRecorder(str(ws))
     History(str(ws / ".ivralo" / "history")).save(str(ws / name), operation)
+    assert recorder.record() == 1, recorder.refused
 
 
 @pytest.mark.fast
@@ -216,41 +267,126 @@ def test_the_newer_change_rules(workspace: Path) -> None:
     assert store.newer_change(x) is None and store.restore(x).kept is None
 
 
+def plant(folder: Path, lines: list[tuple[str, str]], content: str = "forged") -> None:
+    """Copies and index lines as code in the kernel could write them (the folder is writable inside)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / INDEX, "a") as index:
+        for path, copy in lines:
+            if "/" not in copy and not (folder / copy).exists():
+                (folder / copy).write_text(content)
+            line = {"time": "2026-11-29T10:00:00+0000", "ns": time.time_ns(), "path": path, "operation": "delete"}
+            index.write(json.dumps({**line, "size": len(content), "copy": copy}) + "\n")
+
+
 @pytest.mark.fast
 def test_a_forged_index_line_restores_nothing_outside_or_through_a_link(tmp_path: Path, workspace: Path) -> None:
-    """The history folder is writable from the kernel's side: its lines and copies are checked."""
+    """The history folder is writable from the kernel's side: the host records only the lines it
+    gained while a kernel ran, each checked (inside the workspace, no closed path, a plain copy)."""
     ws = Path(os.path.realpath(workspace))
     folder = ws / ".ivralo" / "history"
     folder.mkdir(parents=True)
     secret = tmp_path / "secret"
     secret.write_text("not the workspace's")
+    # Planted before any kernel ran (a cloned repository's .ivralo/history): never recorded.
+    plant(folder, [(str(ws / "in.txt"), "planted-before")])
+    recorder = HistoryRecorder(str(ws))
     (folder / "linked").symlink_to(secret)
     os.link(secret, folder / "hard")
-    for name in ("plain1", "plain2"):
-        (folder / name).write_text("forged")
-    lines = [
-        (str(tmp_path / "outside.txt"), "plain1"),
-        (str(ws / ".git" / "hooks" / "pre-commit"), "plain2"),
-        (str(ws / "in.txt"), "linked"),
-        (str(ws / "in.txt"), "hard"),
-        (str(ws / "in.txt"), "../secret"),
-    ]
-    index = [
-        json.dumps({"time": f"2026-11-29T10:00:0{n}+0000", "path": p, "operation": "delete", "size": 6, "copy": c})
-        for n, (p, c) in enumerate(lines)
-    ]
-    (folder / INDEX).write_text("\n".join([*index, "not json"]) + "\n")
+    plant(
+        folder,
+        [
+            (str(tmp_path / "outside.txt"), "plain1"),
+            (str(ws / ".git" / "hooks" / "pre-commit"), "plain2"),
+            (str(ws / "sub" / ".GIT" / "config"), "plain3"),
+            (str(ws / ".vscode" / "settings.json"), "plain4"),
+            (str(ws / "databases.json"), "plain5"),
+            (str(ws / ".idea" / "workspace.xml"), "plain6"),
+            (str(ws / ".env.local"), "plain7"),
+            (str(ws / "sub" / ".." / "in.txt"), "plain8"),
+            (str(ws / "in.txt"), "linked"),
+            (str(ws / "in.txt"), "hard"),
+            (str(ws / "in.txt"), "../secret"),
+        ],
+    )
+    assert recorder.record() == 0
+    refused = "\n".join(recorder.refused)
+    for why in (
+        "plain1: " + str(tmp_path / "outside.txt") + " is not a file inside the workspace",
+        "plain2: .git/hooks/pre-commit is under .git",
+        "plain3: sub/.GIT/config is under .git",
+        "plain4: .vscode/settings.json is under .vscode",
+        "plain5: databases.json is under databases.json",
+        "plain6: .idea/workspace.xml is under .idea",
+        "plain7: .env.local is a .env file",
+        "plain8: " + str(ws / "sub" / ".." / "in.txt") + " is not a file inside the workspace",
+        "linked: its copy is not a plain file",
+        "hard: its copy is not a plain file",
+    ):
+        assert why in refused, (why, refused)
     store = HistoryStore(ws)
-    outside, git, hard = sorted(store.entries(), key=lambda e: e.ns)  # lines without ns: read to the second
-    with pytest.raises(HistoryError, match="not inside the workspace"):
-        store.restore(outside)
-    with pytest.raises(HistoryError, match="where code may not write"):
-        store.restore(git)
-    with pytest.raises(HistoryError, match="not a plain file of the history"):
-        store.restore(hard)
-    with pytest.raises(HistoryError, match="it is a link"):  # not listed, and not read if swapped in later
-        store.read(dataclasses.replace(hard, copy="linked"))
+    assert store.entries() == [] and store.unrecorded() == 11
+    with pytest.raises(HistoryError, match="the host never recorded that copy"):
+        store.find("planted-before")
+    for line in (folder / INDEX).read_text().splitlines():  # and restored straight from a line: refused too
+        entry = parse_line(line)
+        if entry is None:  # ../secret: not a file name of the folder, so not an entry at all
+            continue
+        with pytest.raises(HistoryError, match=r"not inside the workspace|where code may not write|host's record"):
+            store.restore(entry, force=True)
     assert not (tmp_path / "outside.txt").exists() and not (ws / ".git").exists() and not (ws / "in.txt").exists()
+    assert not (ws / ".vscode").exists() and not (ws / "databases.json").exists() and not (ws / "sub").exists()
+
+
+@pytest.mark.fast
+def test_a_recorded_copy_rewritten_since_or_a_link_on_its_path_restores_nothing(
+    tmp_path: Path, workspace: Path
+) -> None:
+    ws = Path(os.path.realpath(workspace))
+    (ws / "sub").mkdir()
+    (ws / "sub" / "n.txt").write_text("the person's")
+    kept_by_guard(ws, "sub/n.txt")
+    store = HistoryStore(ws)
+    (entry,) = store.entries()
+    # A later kernel rewrites the copy (sh can, inside the sandbox): the bytes no longer match.
+    (ws / ".ivralo" / "history" / entry.copy).write_text("a later kernel's")
+    with pytest.raises(HistoryError, match="no longer holds the bytes the host recorded"):
+        store.restore(entry, force=True)
+    (ws / ".ivralo" / "history" / entry.copy).write_text("the person's")
+    # A folder on its path replaced by a link out of the workspace: nothing is written through it.
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (ws / "sub" / "n.txt").unlink()
+    (ws / "sub").rmdir()
+    (ws / "sub").symlink_to(outside)
+    with pytest.raises(HistoryError, match="no longer a folder"):
+        store.restore(entry, force=True)
+    assert list(outside.iterdir()) == []
+    # The file itself swapped for a link out of the workspace: the link is replaced, its target untouched.
+    (ws / "top.txt").write_text("the person's top")
+    kept_by_guard(ws, "top.txt")
+    (top,) = store.listing("top.txt", base=str(ws))
+    (outside / "target.txt").write_text("outside, untouched")
+    (ws / "top.txt").unlink()
+    (ws / "top.txt").symlink_to(outside / "target.txt")
+    assert store.restore(top, force=True).path == "top.txt"
+    assert not (ws / "top.txt").is_symlink() and (ws / "top.txt").read_text() == "the person's top"
+    assert (outside / "target.txt").read_text() == "outside, untouched"
+    # The tool_files setting closes more: a restore under it is refused as well.
+    with pytest.raises(HistoryError, match=r"sub/n\.txt is under sub"):
+        HistoryStore(ws, tool_files=("sub",)).restore(entry, force=True)
+
+
+@pytest.mark.fast
+def test_an_index_blown_up_from_the_kernels_side_is_not_read(workspace: Path) -> None:
+    """The host's memory is not the kernel's to spend: an index past MAX_INDEX_BYTES is not read."""
+    ws = Path(os.path.realpath(workspace))
+    folder = ws / ".ivralo" / "history"
+    recorder = HistoryRecorder(str(ws))
+    plant(folder, [(str(ws / "in.txt"), "plain1")])
+    os.truncate(folder / INDEX, MAX_INDEX_BYTES + 1)  # sparse: its size is what counts
+    assert recorder.record() == 0
+    assert any("not read" in why for why in recorder.refused), recorder.refused
+    assert HistoryStore(ws).entries() == []
 
 
 @pytest.mark.fast

@@ -24,7 +24,7 @@ from conftest import FALLBACK_KERNEL, gone, kernel_in_tree, wait_until
 from jupyter_client.blocking.client import BlockingKernelClient
 from jupyter_client.connect import write_connection_file
 from jupyter_client.kernelspec import KernelSpec, KernelSpecManager
-from kernel_helpers import execute, raw_client
+from kernel_helpers import execute, raw_client, reply_to
 from sandbox_cases import counting_http, sh
 
 # A cell that counts the SIGINTs it receives over 3 s (its own handler replaces the interrupt).
@@ -93,8 +93,7 @@ def test_sigint_to_the_launched_pid_interrupts_the_cell(raw: RawKernel) -> None:
     msg_id = raw.client.execute("import time\nprint('sleeping', flush=True)\ntime.sleep(60)")
     wait_until(lambda: raw.client.get_iopub_msg(timeout=10)["content"].get("text") == "sleeping\n", 30, "the cell")
     os.kill(raw.proc.pid, signal.SIGINT)  # VS Code's Interrupt button: the pid it launched (the supervisor)
-    reply = raw.client.get_shell_msg(timeout=10)
-    assert reply["parent_header"]["msg_id"] == msg_id
+    reply = reply_to(raw.client, msg_id, 10)
     assert reply["content"]["ename"] == "KeyboardInterrupt"
     assert execute(raw.client, "print('still here')").stdout == "still here\n"
 
@@ -250,7 +249,7 @@ def test_all_five_channels_cross_the_relay(raw: RawKernel) -> None:
         if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "stream":
             text += msg["content"]["text"]
     assert text == "hello ada\n"
-    assert raw.client.get_shell_msg(timeout=30)["content"]["status"] == "ok"
+    assert reply_to(raw.client, msg_id, 30)["content"]["status"] == "ok"
     on_control = raw.client.session.msg("kernel_info_request")
     raw.client.control_channel.send(on_control)
     reply = raw.client.get_control_msg(timeout=30)
@@ -402,3 +401,29 @@ def test_a_cell_that_forges_its_own_reply_does_not_hold_the_kernel_past_the_next
         took = time.monotonic() - started
         assert took < 15, f"the next cell waited {took:.1f} s behind a 3 s deadline"
         assert raw.proc.wait(timeout=15) == 124, "ended for its deadline"
+
+
+def test_a_raw_launch_records_its_history_for_the_person(workspace: Path, tmp_path: Path) -> None:
+    """The raw-launch host records the write guard's copies as the provisioner does: after VS Code
+    ends the kernel, the person's `history` lists and restores the genuine copy, and not a line a
+    cell forged with sh for .vscode/settings.json. Judged by the files on disk."""
+    from ivralo_kernel.host.history_store import HistoryStore
+
+    ws = Path(os.path.realpath(workspace))
+    (ws / "notes.txt").write_text("the person's notes\n")
+    forged = json.dumps({"time": "2026-11-29T10:00:00+0000", "path": str(ws / ".vscode" / "settings.json")})
+    forged = forged[:-1] + ', "operation": "delete", "size": 2, "copy": "forged-settings.json"}'
+    forge = f"printf '{{}}' > .ivralo/history/forged-settings.json && printf '%s\\n' {shlex.quote(forged)} "
+    forge += ">> .ivralo/history/index.jsonl"
+    with raw_launch(workspace, tmp_path) as raw:
+        for code in (
+            "_ = open('notes.txt', 'w').write('a cell wrote this')",
+            f"import subprocess\nassert subprocess.run(['sh', '-c', {forge!r}]).returncode == 0",
+        ):
+            assert execute(raw.client, code).reply["content"]["status"] == "ok", code
+    store = HistoryStore(ws)
+    (entry,) = store.entries()
+    assert entry.path == str(ws / "notes.txt") and store.unrecorded() == 1
+    assert store.restore(entry).path == "notes.txt"
+    assert (ws / "notes.txt").read_text() == "the person's notes\n"
+    assert not (ws / ".vscode").exists()

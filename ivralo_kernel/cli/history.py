@@ -16,6 +16,7 @@ from ivralo_kernel.host.history_store import (
     local_time,
     parse_time,
 )
+from ivralo_kernel.host.settings import JupyterHostSettings, load
 from ivralo_kernel.protocol import IvraloError, names
 from ivralo_kernel.protocol.history_index import Entry
 from ivralo_kernel.protocol.terminal import terminal_safe
@@ -73,11 +74,13 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def _store(args: argparse.Namespace, path: str | None) -> HistoryStore:
+    # The tool files the person's settings close (a restore never writes one), as the kernels' hosts read them.
+    tool_files = load(JupyterHostSettings).settings.tool_files
     if args.workspace is not None:
         if not os.path.isdir(args.workspace):
             raise IvraloError(f"--workspace {args.workspace}: no such folder. Give the folder a kernel ran in")
-        return HistoryStore(args.workspace)
-    return HistoryStore(find_workspace(path if path is not None else "."))
+        return HistoryStore(args.workspace, tool_files)
+    return HistoryStore(find_workspace(path if path is not None else "."), tool_files)
 
 
 def _list(args: argparse.Namespace) -> int:

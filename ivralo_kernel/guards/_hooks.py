@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
-from ivralo_kernel.guards.fs import FsPolicy, decide_read, decide_write, resolve
+from ivralo_kernel.guards.fs import FsPolicy, decide_read, decide_start, decide_write, resolve
 from ivralo_kernel.guards.history import History
 from ivralo_kernel.protocol import GuardRefusal, TrustGateError, audience
 
@@ -71,10 +71,10 @@ class FileGuard:
         self.started: list[str] = []  # programs started from Python since the last take_started()
         self._handlers: dict[str, Callable[[tuple[Any, ...]], None]] = {
             # Not judged (the sandbox and Landlock bound what they do): recorded for the cell's effects.
-            "subprocess.Popen": lambda a: self._started(a[0], a[1]),
-            "os.posix_spawn": lambda a: self._started(a[0], a[1]),
-            "os.exec": lambda a: self._started(a[0], a[1]),
-            "os.system": lambda a: self._started(None, a[0]),
+            "subprocess.Popen": lambda a: self._started(a[0], a[1], a[2]),
+            "os.posix_spawn": lambda a: self._started(a[0], a[1], None),
+            "os.exec": lambda a: self._started(a[0], a[1], None),
+            "os.system": lambda a: self._started(None, a[0], None),
             "open": self._open,
             "os.remove": lambda a: self._change("delete", _resolve_at(a[0], a[1], False), keep=True),
             "os.rmdir": lambda a: self._change("remove the folder", _resolve_at(a[0], a[1], False)),
@@ -106,8 +106,15 @@ class FileGuard:
         if handler is not None and not getattr(_own, "busy", False):
             handler(args)
 
-    def _started(self, executable: Any, args: Any) -> None:
-        """The program's name: ``sh`` for ``os.system`` and shell commands, else the argv's first."""
+    def _started(self, executable: Any, args: Any, cwd: Any) -> None:
+        """The program's name: ``sh`` for ``os.system`` and shell commands, else the argv's first. A
+        ``git init`` of the workspace folder is refused here, with its sentence."""
+        if not self.starting:
+            try:
+                here = os.path.realpath(os.fsdecode(cwd)) if cwd is not None else os.getcwd()
+            except (OSError, TypeError):
+                here = self.policy.workspace
+            self._refuse(decide_start(args, here, self.policy))
         if isinstance(args, (str, bytes)):
             first = "sh" if executable is None else os.fsdecode(executable)
         elif isinstance(args, (list, tuple)) and args:

@@ -5,9 +5,11 @@ them directly.
 
 * Writes are allowed only inside the workspace (resolved: symlinks, ``..``) and the kernel's own
   private temp folder; a symlink in the workspace that points out is outside. Closed even inside:
-  ``.git/`` and ``.ivralo/`` (any case spelling), ``.env`` files, and ivralo's configuration when the
-  config home is the workspace. The read-only role refuses every write, and so does the hermetic
-  surface (both keep the private temp folder, the hermetic surface's scratch).
+  ``.git/`` and ``.ivralo/`` (any case spelling; a ``git init`` of the workspace folder too), ``.env``
+  files, ivralo's configuration when the config home is the workspace, the tool files other programs
+  run by themselves (``protocol.closed_names``, and in the sandbox its read-only mounts), and every
+  dot-entry of the home folder when the workspace holds it. The read-only role refuses every write,
+  and so does the hermetic surface (both keep the private temp folder, the hermetic surface's scratch).
 * Reads are free except ``.env`` files (anywhere), ``.git/`` / ``.ivralo/`` (anywhere, any case) and
   the person's credential stores (``~/.ssh``, ``~/.aws``, ...: the policy's list).
 """
@@ -15,6 +17,7 @@ them directly.
 from __future__ import annotations
 
 import os
+import shlex
 from dataclasses import dataclass, field
 
 from ivralo_kernel.protocol import GuardRefusal, audience, names
@@ -39,6 +42,11 @@ class FsPolicy:
     history_dir: str = field(default="")
     closed_reads: tuple[str, ...] = ()  # absolute: credential stores
     closed_writes: tuple[str, ...] = ()  # absolute: the person's configuration inside the workspace
+    # absolute: what other tools run or read by themselves (protocol.closed_names), existing or not,
+    # and in the sandbox every read-only mount inside the workspace (a placeholder, a project's .venv)
+    closed_tools: tuple[str, ...] = ()
+    home_inside: str = ""  # the home folder, when the workspace holds it: every dot-entry closed
+    home_kept_open: tuple[str, ...] = ()  # but IPython's folder, which the kernel writes its history to
 
     @property
     def state_dir(self) -> str:
@@ -105,7 +113,15 @@ def decide_write(operation: str, path: str, policy: FsPolicy, starting: bool = F
                 "what is written there runs or is trusted later, outside any review",
                 STOP,
             )
-    closed = closed_component(os.path.relpath(path, policy.workspace))
+    relative = os.path.relpath(path, policy.workspace)
+    closed = closed_component(relative)
+    if closed == ".git" and _parts(relative)[0] == ".git":
+        return refuse(
+            ".git/ is closed: a hook or a config change there would run later, outside any review (a new "
+            ".git/ in the workspace folder would run its config at the person's next git command here)",
+            "To start a repository in this folder, run `git init` outside the kernel, in a terminal; a clone "
+            f"into a subfolder works from here. {STOP}",
+        )
     if closed == ".git":
         return refuse(".git/ is closed: a hook or a config change there would run later, outside any review", STOP)
     if closed == ".ivralo":
@@ -117,6 +133,69 @@ def decide_write(operation: str, path: str, policy: FsPolicy, starting: bool = F
         first = _parts(os.path.relpath(path, policy.workspace))[0]
         if name in CONFIG_FILES or first in CONFIG_DIRS:
             return refuse(f"{name} is ivralo's configuration, and a grant", STOP)
+    home = policy.home_inside
+    in_home = home and _inside(path, home) and path != home and not any(_inside(path, p) for p in policy.home_kept_open)
+    if in_home and _parts(os.path.relpath(path, home))[0].startswith("."):
+        return refuse(
+            f"{path} is in a dot-entry of the home folder (the workspace holds it): shells, ssh, git and "
+            "editors run or trust what is there, outside any review",
+            STOP,
+        )
+    for tool in policy.closed_tools:
+        if _inside(path, tool):
+            return refuse(
+                f"{os.path.relpath(tool, policy.workspace)} is closed: other tools (an editor, git, direnv, CI) "
+                "or the host read or run it by themselves when the folder is next opened, outside any review",
+                f"Change it outside the kernel (in your editor or a terminal), where you see what it does. {STOP}",
+            )
+    return None
+
+
+SHELLS = frozenset({"sh", "bash", "dash", "zsh"})
+GIT_OPTIONS_WITH_VALUE = frozenset({"-C", "-c", "--git-dir", "--work-tree", "--namespace", "--exec-path"})
+INIT_OPTIONS_WITH_VALUE = frozenset({"-b", "--initial-branch", "--template", "--separate-git-dir", "--object-format"})
+
+
+def _git_init_folder(words: list[str], cwd: str) -> str | None:
+    """The folder ``git [options] init [options] [folder]`` would make its ``.git`` in, if it is that."""
+    if not words or os.path.basename(words[0]) != "git":
+        return None
+    folder, i = cwd, 1
+    while i < len(words) and words[i].startswith("-"):
+        if words[i] == "-C" and i + 1 < len(words):
+            folder = os.path.join(folder, words[i + 1])
+        i += 2 if words[i] in GIT_OPTIONS_WITH_VALUE else 1
+    if i >= len(words) or words[i] != "init":
+        return None
+    i += 1
+    while i < len(words) and words[i].startswith("-"):  # --bare too: git's discovery takes the folder itself
+        i += 2 if words[i] in INIT_OPTIONS_WITH_VALUE else 1
+    target = words[i] if i < len(words) and words[i] not in ("&&", "||", ";", "|") else "."
+    return os.path.realpath(os.path.join(folder, target))
+
+
+def decide_start(args: object, cwd: str, policy: FsPolicy) -> GuardRefusal | None:
+    """A ``git init`` of the workspace folder itself, refused with the write guard's sentence before it
+    runs (the sandbox would stop its writes; this says why and what to do). A shell line that changes
+    folder (``cd sub && git init``) is left to the OS: a repository in a subfolder is allowed."""
+    if isinstance(args, (str, bytes)):
+        try:
+            words = shlex.split(os.fsdecode(args))
+        except ValueError:
+            return None
+        if any(w in ("cd", "pushd") for w in words):
+            return None
+        starts = [i for i, w in enumerate(words) if os.path.basename(w) == "git"]
+        folders = [_git_init_folder(words[i:], cwd) for i in starts]
+    elif isinstance(args, (list, tuple)):
+        words = [os.fsdecode(a) for a in args if isinstance(a, (str, bytes))]
+        if len(words) >= 3 and os.path.basename(words[0]) in SHELLS and words[1] == "-c":
+            return decide_start(words[2], cwd, policy)  # IPython's !line, subprocess's shell=True
+        folders = [_git_init_folder(words, cwd)]
+    else:
+        return None
+    if policy.workspace in folders:
+        return decide_write("start a repository in", os.path.join(policy.workspace, ".git"), policy)
     return None
 
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ivralo_kernel.host.config import WorkerConfig
-    from ivralo_kernel.host.dataplane import ArrowMissingError, UnsupportedValueError
+    from ivralo_kernel.host.dataplane import ArrowMissingError, TransferRefusedError, UnsupportedValueError
     from ivralo_kernel.host.manager import IvraloKernelManager
     from ivralo_kernel.host.namespace import NamespaceTimeoutError, NamespaceWorkerLostError
     from ivralo_kernel.host.pool import HostMemoryError, WorkerPool, WorkerPoolExhaustedError
@@ -24,6 +24,7 @@ _WHERE = {
     "ArrowMissingError": "ivralo_kernel.host.dataplane",
     "NamespaceTimeoutError": "ivralo_kernel.host.namespace",
     "NamespaceWorkerLostError": "ivralo_kernel.host.namespace",
+    "TransferRefusedError": "ivralo_kernel.host.dataplane",
     "UnsupportedValueError": "ivralo_kernel.host.dataplane",
     "ConfigError": "ivralo_kernel.protocol",
     "HostMemoryError": "ivralo_kernel.host.pool",
@@ -46,6 +47,7 @@ __all__ = [
     "NamespaceWorkerLostError",
     "Session",
     "SyncSession",
+    "TransferRefusedError",
     "UnsupportedValueError",
     "WorkerBootstrapError",
     "WorkerConfig",

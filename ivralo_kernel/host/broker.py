@@ -21,7 +21,7 @@ import httpx
 
 from ivralo_kernel.host.config_watch import DATABASES, DOTENV, WorkspaceFiles
 from ivralo_kernel.host.databases import Databases, QueryRefused, load_databases
-from ivralo_kernel.host.egress import Asker, EgressDesk, valid_target
+from ivralo_kernel.host.egress import RELAYED_ANSWER, Asker, EgressDesk, valid_target
 from ivralo_kernel.host.operations import OperationError, load_operations, perform
 from ivralo_kernel.host.vault import CredentialVault
 from ivralo_kernel.protocol import names
@@ -105,15 +105,14 @@ class BrokerResponder:
         if self._counts[execution] > REQUESTS_PER_EXECUTION:
             reply(_refusal(f"more than {REQUESTS_PER_EXECUTION} broker requests from one execution"))
             return
-        if kind in (names.BROKER_EGRESS, names.BROKER_EGRESS_ANSWER):
+        if kind == names.BROKER_EGRESS:
             target = valid_target(payload)
             if target is None:
                 reply({"allowed": False, "reason": "malformed egress request"})
                 return
-            assert isinstance(payload, dict)
-            clean = {**payload, "host": target[0], "port": target[1]}
-            desk = self.egress.judge if kind == names.BROKER_EGRESS else self.egress.person_answered
-            desk(clean, execution, reply, pause)
+            self.egress.judge({"host": target[0], "port": target[1]}, execution, reply, pause)
+        elif kind == names.BROKER_EGRESS_ANSWER:  # what older kernels sent; code in a kernel can send it
+            reply({"allowed": False, "reason": RELAYED_ANSWER})
         elif kind == names.BROKER_CATALOG:
             reply({"ok": True, "result": self.catalog()})
         elif kind in (names.BROKER_API, names.BROKER_SQL):

@@ -14,6 +14,10 @@ reply finds its way back by the same frames. The shell and stdin relays share on
 the kernel: ipykernel sends a cell's ``input_request`` to the identities of the shell message that
 ran it, on the stdin socket, and the first of them must be a peer of that socket too. IOPub is
 XPUB/XSUB, so a client's subscription reaches the kernel (ipykernel greets each new subscriber).
+
+With ``watch_requests`` the relay is also where the host asks the person itself (``ask``): stdin is
+a Python loop too, which sends the host's ``input_request`` to the client and keeps the client's
+answer from the kernel (``stdin_questions``).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from typing import Any
 
 import zmq
 
+from ivralo_kernel.host.stdin_questions import StdinQuestions, split
 from ivralo_kernel.protocol.processes import channel_url
 
 # Towards the kernel, shell and stdin are one peer (see above).
@@ -60,6 +65,13 @@ class ChannelRelay:
         self._context = zmq.Context()
         self._context.setsockopt(zmq.LINGER, 0)
         self._watch = watch_requests
+        # The clients' key signs the host's own questions (see stdin_questions: why the kernel's copy
+        # of it does not matter).
+        key, scheme = client_side.get("key", b""), str(client_side.get("signature_scheme") or "hmac-sha256")
+        self._questions = StdinQuestions(key, scheme) if watch_requests else None
+        self._asks_lock = threading.Lock()
+        self._asks_out: zmq.Socket[Any] | None = None  # the askers' end; the stdin thread reads the other
+        self._asks_in: zmq.Socket[Any] | None = None
         # execute_request id -> when a client sent it; execute_reply parent -> when it reached a client
         self._requests: OrderedDict[str, float] = OrderedDict()
         self._replies: OrderedDict[str, float] = OrderedDict()
@@ -80,6 +92,8 @@ class ChannelRelay:
                 inner.setsockopt(zmq.IDENTITY, SHELL_AND_STDIN_IDENTITY)
             if channel in HANDOVER_CHANNELS:
                 outer.setsockopt(zmq.ROUTER_HANDOVER, 1)
+            if channel == "stdin" and watch_requests:
+                outer.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a question no client is there for fails at once
             if channel == "iopub":
                 outer.setsockopt(zmq.XPUB_VERBOSE, 1)  # every client's subscription, not only the first
             inner.setsockopt(zmq.RECONNECT_IVL, RECONNECT_IVL_MS)
@@ -102,6 +116,12 @@ class ChannelRelay:
             steer = self._context.socket(zmq.PAIR)
             steer.connect(address)
             self._steers.append(steer)
+        if self._questions is not None:
+            address = f"inproc://ivralo-relay-{id(self)}-asks"
+            self._asks_in = self._context.socket(zmq.PULL)
+            self._asks_in.bind(address)
+            self._asks_out = self._context.socket(zmq.PUSH)
+            self._asks_out.connect(address)
         self._connector = threading.Thread(target=self._connect_when_bound, name="ivralo-relay-connect", daemon=True)
         self._connector.start()
 
@@ -121,7 +141,11 @@ class ChannelRelay:
     def _start_channel(self, n: int) -> None:
         channel, outer, inner = self._pairs[n]
         inner.connect(self._kernel_urls()[n])
-        run = self._shell if channel == "shell" and self._watch else _proxy
+        run = _proxy
+        if self._watch and channel == "shell":
+            run = self._shell
+        elif self._watch and channel == "stdin":
+            run = self._stdin
         thread = threading.Thread(target=run, args=(outer, inner, self._steers[n]), name=f"ivralo-relay-{channel}")
         thread.daemon = True
         thread.start()
@@ -156,12 +180,37 @@ class ChannelRelay:
                 came = max(came, answered)
         return None
 
+    def ask(self, execution: str, prompt: str, timeout: float) -> str | None:
+        """(any thread; blocks) Ask the person at the input prompt of ``execution``, the running
+        request a client sent, and return what they typed; None: nobody can answer there (no such
+        request, it ended, its client did not allow stdin) or nobody did in time. The kernel sees
+        neither the question nor the answer."""
+        if self._questions is None or self._asks_out is None or self._closing.is_set():
+            return None
+        asked = self._questions.question(execution, prompt)
+        if asked is None:
+            return None
+        question, frames = asked
+        with self._asks_lock:
+            if self._closing.is_set():
+                return None
+            self._asks_out.send_multipart([question.msg_id.encode(), *frames])
+        question.answered.wait(timeout)
+        return question.value
+
+    def end_questions(self) -> None:
+        """The kernel is being replaced: its executions' questions are nobody's to answer now."""
+        if self._questions is not None:
+            self._questions.end_all()
+
     def close(self) -> None:
         """Stop every channel's thread, then the sockets (each closed by its own thread, or here if
         the kernel never bound and no thread took them)."""
         with self._lock:
             self._closing.set()
             started = set(self._started)
+        if self._questions is not None:
+            self._questions.end_all()
         if self._connector is not None:
             self._connector.join(timeout=5)
         for n, (_, outer, inner) in enumerate(self._pairs):
@@ -178,6 +227,10 @@ class ChannelRelay:
             thread.join(timeout=5)
         for command in self._controls:
             command.close(linger=0)
+        with self._asks_lock:
+            for socket in (self._asks_in, self._asks_out):
+                if socket is not None and not socket.closed:
+                    socket.close(linger=0)
         self._context.term()
 
     def _shell(self, outer: zmq.Socket[Any], inner: zmq.Socket[Any], steer: zmq.Socket[Any]) -> None:
@@ -196,12 +249,51 @@ class ChannelRelay:
                 if inner in events:
                     frames = inner.recv_multipart()
                     self._note_reply(frames)
+                    self._seen_from_kernel(frames)
                     outer.send_multipart(frames)
         except zmq.ZMQError:
             return
         finally:
             for socket in (outer, inner, steer):
                 socket.close(linger=0)
+
+    def _stdin(self, outer: zmq.Socket[Any], inner: zmq.Socket[Any], steer: zmq.Socket[Any]) -> None:
+        """Stdin, watched: the host's questions go out to the clients; an answer to one stays here."""
+        questions, asks = self._questions, self._asks_in
+        assert questions is not None and asks is not None
+        poller = zmq.Poller()
+        for socket in (outer, inner, steer, asks):
+            poller.register(socket, zmq.POLLIN)
+        try:
+            while True:
+                events = dict(poller.poll())
+                if steer in events:
+                    return
+                if asks in events:
+                    msg_id, *frames = asks.recv_multipart()
+                    if not _routed(outer, frames):
+                        questions.unreachable(msg_id.decode())
+                if outer in events:
+                    frames = outer.recv_multipart()
+                    parts = split(frames)
+                    if parts is None or not questions.client_reply(*parts):
+                        inner.send_multipart(frames)
+                if inner in events:
+                    frames = inner.recv_multipart()
+                    parts = split(frames)
+                    if parts is not None:
+                        questions.kernel_prompt(*parts)
+                    _routed(outer, frames)  # to a client that is gone: dropped, as without the watch
+        except zmq.ZMQError:
+            return
+        finally:
+            for socket in (outer, inner, steer):
+                socket.close(linger=0)
+
+    def _seen_from_kernel(self, frames: list[bytes]) -> None:
+        parts = split(frames) if self._questions is not None else None
+        if parts is not None and self._questions is not None:
+            self._questions.kernel_reply(parts[1])
 
     def _note(self, frames: list[bytes]) -> None:
         """A client's message: remember the id of an execute_request (its header, after the
@@ -212,6 +304,9 @@ class ChannelRelay:
         except (ValueError, IndexError):
             return
         if isinstance(header, dict) and header.get("msg_type") == "execute_request":
+            parts = split(frames)
+            if self._questions is not None and parts is not None:
+                self._questions.client_request(*parts)
             with self._lock:
                 self._requests[str(header.get("msg_id"))] = time.monotonic()
                 while len(self._requests) > KEEP_REQUESTS:
@@ -231,6 +326,18 @@ class ChannelRelay:
                 self._replies[str(parent.get("msg_id"))] = time.monotonic()
                 while len(self._replies) > KEEP_REQUESTS:
                     self._replies.popitem(last=False)
+
+
+def _routed(router: zmq.Socket[Any], frames: list[bytes]) -> bool:
+    """Send on a ROUTER_MANDATORY socket; False if no peer has the frames' routing identity, or its
+    queue is full (a client that reads no stdin: never block the relay's thread on it)."""
+    try:
+        router.send_multipart(frames, flags=zmq.NOBLOCK)
+    except zmq.ZMQError as exc:
+        if exc.errno not in (zmq.EHOSTUNREACH, zmq.EAGAIN):
+            raise
+        return False
+    return True
 
 
 def _bound(url: str) -> bool:

@@ -46,7 +46,7 @@ _ABSENT = "absent"
 def digest(path: Path) -> str:
     try:
         return hashlib.sha256(path.read_bytes()).hexdigest()
-    except FileNotFoundError:
+    except (FileNotFoundError, IsADirectoryError):  # a directory: the sandbox's placeholder, no file
         return _ABSENT
     except OSError:
         return "unreadable"
@@ -150,8 +150,10 @@ class WorkspaceFiles:
 
 def protected_in_sandbox(workspace: str) -> frozenset[str]:
     """What a sandboxed kernel cannot write: ``.ivralo/`` (made before the start, mounted read-only),
-    and ``.env`` and ``databases.json`` when they exist at start (read-only mounts)."""
-    present = {rel for rel in (DOTENV, DATABASES) if os.path.lexists(os.path.join(workspace, rel))}
+    and ``.env`` and ``databases.json`` when they exist at start (read-only mounts). A missing
+    ``databases.json`` is closed by a placeholder, but stays watched: a person who deletes the
+    placeholder while the kernel runs detaches its mount."""
+    present = {rel for rel in (DOTENV, DATABASES) if os.path.isfile(os.path.join(workspace, rel))}
     return frozenset({PERMISSIONS, *present})
 
 

@@ -54,6 +54,7 @@ DEFAULT_MAX_BYTES = 64 << 20
 DEFAULT_TIMEOUT_S = 60.0
 FETCH_BATCH = 2_000
 MAX_QUERY_CHARS = 100_000
+MIN_VALUE_LIMIT = 1 << 20  # SQLite's limit on one value is never set below this (see _limit_value_size)
 READ_ONLY_DIALECTS = ("postgresql", "sqlite")
 
 
@@ -169,6 +170,32 @@ def _json_value(value: Any) -> Any:
     return str(value)
 
 
+def _add_sized(
+    rows: list[list[Any]], batch: list[list[Any]], size: int, entry: DatabaseEntry
+) -> tuple[int, str | None]:
+    """Add ``batch`` to ``rows`` while their JSON stays under ``max_bytes``: (the size now, why they
+    stop, or None)."""
+    batch_size = len(json.dumps(batch, separators=(",", ":")))
+    if size + batch_size <= entry.max_bytes:
+        rows.extend(batch)
+        return size + batch_size, None
+    for row in batch:  # find the row where the cap falls
+        size += len(json.dumps(row, separators=(",", ":"))) + 1
+        if size > entry.max_bytes:
+            break
+        rows.append(row)
+    return size, f"cut at {len(rows)} rows: {entry.max_bytes} bytes (max_bytes of {entry.name})"
+
+
+def _limit_value_size(conn: Any, max_bytes: int) -> int:
+    """SQLite refuses any string or blob larger than the cap (SQLITE_TOOBIG) before the host holds
+    it: one ``zeroblob(200000000)`` would otherwise cost 200 MB here, whatever ``max_bytes`` says.
+    At least 1 MiB, so the query's own text (MAX_SQL_CHARS) and its parameters still fit. Returns
+    the limit it replaced, to be put back (the connection returns to the pool)."""
+    raw: Any = conn.connection.driver_connection
+    return int(raw.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, max(max_bytes, MIN_VALUE_LIMIT)))
+
+
 def _limit_time(conn: Any, dialect: str, timeout_s: float) -> None:
     """The database cancels a query that outlives ``timeout_s`` (a broker thread must not be held)."""
     if dialect == "postgresql":
@@ -278,12 +305,14 @@ class Databases:
                 elif entry.read_only and dialect == "postgresql":
                     conn.exec_driver_sql("SET TRANSACTION READ ONLY")
                 _limit_time(conn, dialect, entry.timeout_s)
+                value_limit = _limit_value_size(conn, entry.max_bytes) if dialect == "sqlite" else None
                 try:
                     answer = self._run(conn, entry, sql, params)
                 finally:
                     if dialect == "sqlite":
                         raw: Any = conn.connection.driver_connection
                         raw.set_progress_handler(None, 0)
+                        raw.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, value_limit)
                     if entry.read_only and dialect == "sqlite":
                         conn.rollback()
                         conn.exec_driver_sql("PRAGMA query_only = OFF")
@@ -299,35 +328,48 @@ class Databases:
             elif engine.dialect.name == "sqlite" and detail in ("not authorized", "authorization denied"):
                 detail += " (the broker refuses ATTACH, DETACH, VACUUM INTO and load_extension: a query "
                 detail += "reaches this database's file only)"
+            elif engine.dialect.name == "sqlite" and detail == "string or blob too big":
+                detail += (
+                    f" (a value of the result, or made on the way, is larger than max_bytes of {name}, "
+                    f"{max(entry.max_bytes, MIN_VALUE_LIMIT)} bytes: the broker never holds more. Select a part "
+                    "of it, e.g. substr(...), or ask the person to raise max_bytes in the config home's "
+                    "databases.json)"
+                )
             elif entry.read_only and ("readonly" in detail or "read-only" in detail):
                 detail += f" ({name} is read_only in databases.json)"
             raise QueryRefused(self._vault.redact(f'database "{name}": {type(exc).__name__}: {detail}')) from None
 
     def _run(self, conn: Any, entry: DatabaseEntry, sql: str, params: Mapping[str, Any]) -> QueryAnswer:
+        """The rows, fetched one at a time and counted against ``max_bytes`` as they come: the host never
+        holds more than the cap and the one row that crosses it (a batch fetched first and measured after
+        once took 2.4 GiB under a 64 MiB cap). On SQLite a single value larger than the cap is refused by
+        SQLite itself before it reaches Python (``_limit_value_size``)."""
         result = conn.execute(sqlalchemy.text(sql), dict(params))
         if not result.returns_rows:
             return QueryAnswer([], [], None, result.rowcount)
         columns = list(result.keys())
         rows: list[list[Any]] = []
-        size, cut = 0, None
-        while cut is None and (batch := result.fetchmany(FETCH_BATCH)):
-            room = entry.max_rows - len(rows)
-            if len(batch) > room:
-                batch, cut = batch[:room], f"cut at {entry.max_rows} rows (max_rows of {entry.name} in databases.json)"
-            values = [[v if type(v) in _PLAIN else _json_value(v) for v in row] for row in batch]
-            # Sized a batch at a time (one dumps per row costs more than the query itself).
-            batch_size = len(json.dumps(values, separators=(",", ":")))
-            if size + batch_size > entry.max_bytes:
-                for row in values:  # find the row where the cap falls
-                    size += len(json.dumps(row, separators=(",", ":"))) + 1
-                    if size > entry.max_bytes:
+        pending: list[list[Any]] = []  # fetched, not yet sized exactly (one dumps per row costs too much)
+        size, least = 0, 0  # least: a lower bound of the pending rows' JSON size
+        cut: str | None = None
+        try:
+            for row in result:
+                if len(rows) + len(pending) >= entry.max_rows:
+                    cut = f"cut at {entry.max_rows} rows (max_rows of {entry.name} in databases.json)"
+                    break
+                values = [v if type(v) in _PLAIN else _json_value(v) for v in row]
+                pending.append(values)
+                least += len(values) + sum(len(v) for v in values if type(v) is str)
+                if len(pending) >= FETCH_BATCH or size + least > entry.max_bytes:
+                    size, cut = _add_sized(rows, pending, size, entry)
+                    pending, least = [], 0
+                    if cut is not None:
                         break
-                    rows.append(row)
-                cut = f"cut at {len(rows)} rows: {entry.max_bytes} bytes (max_bytes of {entry.name})"
-                break
-            size += batch_size
-            rows.extend(values)
-        result.close()
+            if pending:
+                size, cut_by_bytes = _add_sized(rows, pending, size, entry)
+                cut = cut_by_bytes or cut
+        finally:
+            result.close()
         return QueryAnswer(columns, rows, cut)
 
     def close(self) -> None:

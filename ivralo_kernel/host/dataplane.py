@@ -4,13 +4,20 @@
   one) and bound into the sandbox at the same path. It holds a file only while a segment waits for
   the kernel to map it.
 * **The exchange segment** (``Exchange``): the host creates it with its pages allocated, sized for a
-  transfer; the kernel maps it and unlinks it at once, and both keep their mapping, so the next
-  transfer that fits reuses the same pages (allocating fresh tmpfs pages costs more than copying into
-  them). A larger transfer gets a new segment; a call that fails or times out drops the segment (a
-  late kernel answer can only touch the old one). The host unlinks on every path too: after an
+  transfer; the kernel maps it and unlinks it at once; the kernel keeps its mapping and the host its
+  descriptor, so the next transfer that fits reuses the same pages (allocating fresh tmpfs pages
+  costs more than copying into them). The host never maps it (``pread``/``pwrite``): a file the
+  kernel truncates would raise SIGBUS in a process that touches its mapping. A larger transfer gets
+  a new segment; a call that fails or times out drops the segment (a late kernel answer can only
+  touch the old one). The host unlinks on every path too: after an
   error, a timeout or a killed worker, no file is left.
 * **Decoding** parses only JSON, ``.npy`` without objects, and Arrow IPC: nothing that can run code
   the kernel chose. ``pickle`` is never used.
+* **Nothing the kernel says is trusted**: the size it declares is checked against the host's cap
+  (``transfer_cap_bytes``, by default the kernel's memory limit, and what the host can spare) before
+  a byte is reserved (``checked_size``), the length it says it wrote against the segment, and an
+  Arrow stream is validated in full (every offset, every UTF-8 string) before it is converted: one
+  out-of-order string offset once killed the host with SIGSEGV in ``to_pandas()``.
 """
 
 from __future__ import annotations
@@ -18,13 +25,14 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import mmap
+import math
 import os
 import secrets
 import tempfile
 from typing import Any
 
 from ivralo_kernel.protocol import names
+from ivralo_kernel.protocol.policy import default_memory_limit
 from ivralo_kernel.protocol.tables import ARROW_EXTRA, release, unrepresentable
 
 SHM = "/dev/shm"  # noqa: S108 - the machine's tmpfs for shared memory; each kernel gets its own folder in it
@@ -38,6 +46,44 @@ class ArrowMissingError(ImportError):
 
 class UnsupportedValueError(TypeError):
     """The value cannot leave the kernel in a form the host parses without running the kernel's code."""
+
+
+class TransferRefusedError(ValueError):
+    """What the kernel declared or sent for a transfer is refused: more bytes than the host takes, no
+    size at all, or data that is not valid. Nothing was reserved or converted; the worker is untouched."""
+
+
+def transfer_cap(setting: int | None, memory_limit: int | None) -> int:
+    """The most bytes one transfer from the kernel may take: the setting, else the kernel's memory
+    limit (a value the kernel holds fits in it; a larger declaration is not the truth)."""
+    if setting is not None:
+        return setting
+    return memory_limit if memory_limit is not None else default_memory_limit()
+
+
+def checked_size(operation: str, answer: dict[str, Any], key: str, cap: int, why: str) -> int:
+    """The size the kernel's ``answer`` gives under ``key``, once it is a size within ``cap`` (``why``
+    says where the cap comes from). Checked before anything is reserved: the kernel's code answers."""
+    size = answer.get(key) if isinstance(answer, dict) else None
+    if type(size) is not int or size < 0:
+        raise TransferRefusedError(
+            f"{operation}: the kernel's answer gives no size ({key}={size!r}), so nothing was transferred. Code in "
+            "the kernel may have replaced its data plane; restart the worker if this repeats"
+        )
+    if size > cap:
+        raise TransferRefusedError(
+            f"{operation}: the kernel declares {_human(size)} ({size} bytes), more than the host takes in one "
+            f"transfer: {_human(cap)}, {why}. Nothing was reserved. Bring the value over in parts (df.iloc[a:b]), "
+            "or raise WorkerConfig(transfer_cap_bytes=...) if the host has the memory"
+        )
+    return size
+
+
+def _human(size: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", _MIB), ("KiB", 1 << 10)):
+        if size >= scale:
+            return f"{size / scale:.1f} {unit}"
+    return f"{size} B"
 
 
 def require_arrow(operation: str) -> Any:
@@ -80,17 +126,21 @@ def clear_exchange_folder(folder: str) -> None:
 
 class Exchange:
     """One worker's exchange segment, on the host's side. Calls of a session never overlap, so one
-    segment serves them all in turn."""
+    segment serves them all in turn.
+
+    The host never maps it: it writes with ``pwrite`` and reads with ``pread`` into memory of its own.
+    The kernel holds the file too and can truncate it at any moment; a mapping of a truncated file
+    raises SIGBUS in whoever touches it (that would be the host's process), a read or write does not."""
 
     def __init__(self, folder: str) -> None:
         self.folder = folder
         self.path: str | None = None  # the segment's name, as the kernel knows it (maybe unlinked)
         self.capacity = 0
-        self.segment: mmap.mmap | None = None
+        self.fd: int | None = None
 
     def reserve(self, size: int) -> tuple[str, int]:
-        """A segment of at least ``size`` bytes, mapped here: (its path, its capacity)."""
-        if self.segment is None or size > self.capacity:
+        """A segment of at least ``size`` bytes, its pages allocated: (its path, its capacity)."""
+        if self.fd is None or size > self.capacity:
             self.discard()
             # Grown by a quarter at least, so a series of slowly growing transfers reuses it.
             capacity = max(-(-max(size, 1) // _MIB) * _MIB, self.capacity + self.capacity // 4)
@@ -98,20 +148,42 @@ class Exchange:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
             try:
                 os.posix_fallocate(fd, 0, capacity)  # its pages now, not one fault at a time later
-                flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
-                self.segment = mmap.mmap(fd, capacity, flags=flags)
             except BaseException:
+                os.close(fd)
                 _unlink(path)
                 raise
-            finally:
-                os.close(fd)
-            self.path, self.capacity = path, capacity
+            self.fd, self.path, self.capacity = fd, path, capacity
         assert self.path is not None
         return self.path, self.capacity
 
-    def view(self) -> memoryview:
-        assert self.segment is not None
-        return memoryview(self.segment)
+    def write_table(self, table: Any) -> int:
+        """Write ``table``'s Arrow IPC stream at the segment's start: its length."""
+        pa = require_arrow("inject_dataframe")
+        assert self.fd is not None
+        with os.fdopen(os.dup(self.fd), "r+b") as segment:
+            segment.seek(0)
+            with pa.ipc.new_stream(pa.PythonFile(segment, mode="w"), table.schema) as writer:
+                writer.write_table(table)
+            segment.flush()
+            return int(segment.tell())
+
+    def read(self, length: int) -> bytearray:
+        """The segment's first ``length`` bytes, copied into the host's own memory."""
+        assert self.fd is not None
+        data = bytearray(length)
+        view, done = memoryview(data), 0
+        try:
+            while done < length:
+                got = os.preadv(self.fd, [view[done:]], done)
+                if got == 0:
+                    raise TransferRefusedError(
+                        f"the segment holds {done} bytes, not the {length} the kernel said it wrote (it was "
+                        "truncated from the kernel's side), so nothing was read. Restart the worker if this repeats"
+                    )
+                done += got
+        finally:
+            view.release()
+        return data
 
     def settle(self) -> None:
         """After the kernel's answer (or none): the file's name goes, whatever the kernel did."""
@@ -121,10 +193,10 @@ class Exchange:
     def discard(self) -> None:
         """Forget the segment: its pages are freed once the kernel lets go of it too."""
         self.settle()
-        if self.segment is not None:
-            with contextlib.suppress(BufferError):  # still pointed into: unmapped when collected
-                self.segment.close()
-        self.segment, self.path, self.capacity = None, None, 0
+        if self.fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self.fd)
+        self.fd, self.path, self.capacity = None, None, 0
 
 
 def _unlink(path: str) -> None:
@@ -160,16 +232,6 @@ def ipc_size(table: Any) -> int:
     return int(sink.size())
 
 
-def write_ipc(table: Any, segment: memoryview) -> int:
-    pa = require_arrow("inject_dataframe")
-    sink = pa.FixedSizeBufferWriter(pa.py_buffer(segment))
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
-    size = int(sink.tell())
-    sink.close()
-    return size
-
-
 def ipc_bytes(table: Any) -> Any:
     """The Arrow IPC stream of ``table`` in memory (a pyarrow Buffer): behind a gateway, where the
     kernel shares no memory with the host (host/gateway.py)."""
@@ -188,9 +250,9 @@ def decode_inline(envelope: dict[str, Any]) -> Any:
     return json.loads(envelope["text"]) if envelope["kind"] == "json" else str(envelope["text"])
 
 
-def decode_segment(envelope: dict[str, Any], segment: mmap.mmap | bytearray, length: int) -> Any:
-    """The value the kernel wrote, copied out of the segment (whose pages the next transfer reuses),
-    or out of the bytes that came over a gateway's websocket."""
+def decode_segment(envelope: dict[str, Any], segment: bytearray, length: int) -> Any:
+    """The value the kernel wrote, from the host's own copy of the segment (``Exchange.read``) or
+    from the bytes that came over a gateway's websocket."""
     view = memoryview(segment)
     try:
         if envelope["kind"] == "npy":
@@ -206,8 +268,16 @@ def decode_segment(envelope: dict[str, Any], segment: mmap.mmap | bytearray, len
 
 
 def _from_ipc(pa: Any, envelope: dict[str, Any], data: Any) -> Any:
-    table = pa.ipc.open_stream(data).read_all()
-    table.validate()
+    try:
+        table = pa.ipc.open_stream(data).read_all()
+        # In full: offsets in order and within their buffers, UTF-8 valid, dictionary indices in range.
+        # The cheap validate() checks only buffer sizes, and to_pandas() trusts the rest (a SIGSEGV).
+        table.validate(full=True)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, pa.ArrowIndexError) as exc:
+        raise TransferRefusedError(
+            f"the Arrow data the kernel wrote is not valid ({exc}), so it was not converted. Code in the kernel "
+            "may have written it; restart the worker if this repeats"
+        ) from None
     kind = envelope.get("as")
     if kind == "pandas.DataFrame":
         return table.to_pandas()
@@ -231,7 +301,12 @@ def _read_npy(view: memoryview, length: int) -> Any:
     shape, fortran, dtype = reader(head)  # a literal, parsed without eval; allow_pickle is never on
     if dtype.hasobject:
         raise UnsupportedValueError(f"the kernel sent a numpy array of dtype {dtype}, which holds Python objects")
-    count = int(numpy.prod(shape, dtype=numpy.int64))
+    count = math.prod(shape)
+    if head.tell() + count * dtype.itemsize > length:
+        raise TransferRefusedError(
+            f"the kernel's .npy header says {shape} of {dtype} ({count * dtype.itemsize} bytes), more than the "
+            f"{length} bytes it wrote, so it was not read. Code in the kernel may have written it"
+        )
     flat = numpy.frombuffer(view, dtype=dtype, count=count, offset=head.tell())
     array = flat.reshape(shape, order="F" if fortran else "C").copy(order="K")
     del flat

@@ -2,9 +2,11 @@
 judging a host, asking about an unknown one, and recording "always".
 
 Who is asked about an unknown host: an agent's ``ask`` callback (called here, on its own thread),
-or else the person at the notebook or console, through the running cell's input prompt: the reply
-then says "ask the person", the kernel prompts, and relays the answer, which only counts for a
-question this desk asked in that execution. Nobody to ask: refused.
+or else the person at the notebook or console, at the running cell's input prompt, asked by the
+host itself through its channel relay (``person``): the question and the answer never pass through
+the kernel, so code there can neither answer for the person nor write an "always". Nobody to ask
+(nbclient, a client that did not allow stdin, a kernel without the OS sandbox and so without the
+relay, a raw launch): refused.
 
 Questions come two ways: from the kernel's network guard (``judge``, a broker request) and from the
 egress proxy of a sandboxed kernel (``decide``, blocking on the proxy's connection thread: curl in a
@@ -24,10 +26,11 @@ from pathlib import Path
 from typing import Any
 
 from ivralo_kernel.host.config_watch import PERMISSIONS, WorkspaceFiles
+from ivralo_kernel.host.person_question import ask_until_chosen
 from ivralo_kernel.protocol import names
 from ivralo_kernel.protocol.egress import PERMISSIONS_FILE, EgressPolicy, load_egress_policy
 from ivralo_kernel.protocol.egress_names import HostNameError, Target, normalize
-from ivralo_kernel.protocol.messages import BrokerAnswer, EgressPrompt
+from ivralo_kernel.protocol.messages import BrokerAnswer
 from ivralo_kernel.protocol.terminal import terminal_safe
 
 __all__ = ["Asker", "EgressDesk", "EgressPolicy", "allow_always", "load_egress_policy"]
@@ -36,10 +39,13 @@ __all__ = ["Asker", "EgressDesk", "EgressPolicy", "allow_always", "load_egress_p
 Asker = Callable[[str, tuple[str, ...]], str]
 Reply = Callable[[BrokerAnswer], None]
 Pause = Callable[[bool], None]
-Prompt = Callable[[EgressPrompt], None]  # shows a question at the running cell's input prompt
+# (execution, prompt text) -> what the person typed there; None: nobody can answer. The host's own
+# channel to the client (ChannelRelay.ask), never the kernel's.
+PersonAsk = Callable[[str, str], str | None]
 Decision = tuple[bool, str]
 PERSON_ANSWER_TIMEOUT_S = 600.0  # as the kernel's own wait (egress_judge.EGRESS_ANSWER_TIMEOUT_S)
-NOBODY_TO_ASK = "nobody to ask"  # as the guard says it: no agent callback, no input prompt to show it at
+NOBODY_TO_ASK = "nobody to ask"  # no agent callback, no client input prompt the host can ask at
+RELAYED_ANSWER = "an answer sent from the kernel counts for nothing: the host asks the person itself"
 log = logging.getLogger(__name__)
 
 
@@ -99,8 +105,8 @@ class EgressDesk:
     ) -> None:
         self.workspace, self.trusted, self.asker = workspace, trusted, asker
         self.files = files  # whether the workspace's permissions.json may be used (see config_watch)
+        self.person: PersonAsk | None = None  # the host's own way to the person (the provisioner's relay)
         self._granted: dict[str, bool] = {}  # answers given for this worker's life
-        self._asked_person: set[tuple[str, str]] = set()  # (execution, host) waiting for the person
         self._open: dict[str, Future[Decision]] = {}  # host -> the proxy's open question about it
         self._lock = threading.Lock()
 
@@ -113,6 +119,8 @@ class EgressDesk:
         return names.EGRESS_CHOICES if self.trusted else ("yes", "no")
 
     def judge(self, payload: dict[str, Any], execution: str, reply: Reply, pause: Pause) -> None:
+        """(the watchdog's thread) The kernel's network guard asks (outside the OS sandbox; inside,
+        only code forging a request does): the same questions as the proxy's, one open per host."""
         host, port = payload["host"], payload["port"]
         allowed, reason = self.policy().judge(host, port)
         key = grant_key(normalize(host), port)
@@ -120,34 +128,15 @@ class EgressDesk:
             reply({"allowed": allowed, "reason": reason})
         elif key in self._granted:
             reply({"allowed": self._granted[key], "reason": "answered earlier"})
-        elif self.asker is not None:
-            args = (self.asker, host, port, reply, pause)
-            threading.Thread(target=self._ask_agent, args=args, name="ivralo-ask", daemon=True).start()
-        elif payload.get("person") is True:
-            self._asked_person.add((execution, key))
-            pause(True)  # resumed when the answer comes, or when the execution ends
-            question = cell_question(host, port)
-            reply({"ask_person": True, "question": question, "choices": list(self.choices)})
+        elif self.asker is None and self.person is None:
+            reply({"allowed": False, "reason": NOBODY_TO_ASK})
         else:
-            reply({"allowed": False, "reason": "nobody to ask"})
 
-    def person_answered(self, payload: dict[str, Any], execution: str, reply: Reply, pause: Pause) -> None:
-        host, port, choice = payload["host"], payload.get("port"), payload.get("choice")
-        key = grant_key(normalize(host), port)
-        if (execution, key) not in self._asked_person:
-            reply({"allowed": False, "reason": "an answer to a question nobody asked"})
-            return
-        self._asked_person.discard((execution, key))
-        pause(False)
-        if payload.get("unavailable") is True:  # the cell could not show the question
-            answer = BrokerAnswer(allowed=False, reason=NOBODY_TO_ASK)
-        else:
-            answer = self._record(host, port, choice if choice in self.choices else "no")
-        with self._lock:
-            question = self._open.get(key)
-        if question is not None and not question.done():
-            question.set_result((bool(answer["allowed"]), str(answer["reason"])))
-        reply(answer)
+            def ask() -> None:
+                allowed, reason = self._asked(host, port, execution, self.person, pause)
+                reply({"allowed": allowed, "reason": reason})
+
+            threading.Thread(target=ask, name="ivralo-ask", daemon=True).start()
 
     def allowed_hosts(self) -> list[str]:
         """What code here may reach without being asked: hosts.allow's entries (host, or host:port),
@@ -156,15 +145,25 @@ class EgressDesk:
         listed = [e.host if e.port is None else f"{e.host}:{e.port}" for e in policy.allow] if not policy.closed else []
         return [*listed, *(f"{host} (yes this time)" for host, yes in self._granted.items() if yes)]
 
-    def decide(self, host: str, port: int, execution: str | None, prompt: Prompt | None, pause: Pause) -> Decision:
-        """(the egress proxy's thread; blocks) Judge ``host:port`` for a sandboxed kernel's traffic."""
+    def decide(self, host: str, port: int, execution: str | None, person: PersonAsk | None, pause: Pause) -> Decision:
+        """(the egress proxy's thread; blocks) Judge ``host:port`` for a sandboxed kernel's traffic;
+        ``person``: the host's way to ask at ``execution``'s input prompt, if it has one."""
         try:
-            key = grant_key(normalize(host), port)
+            normalize(host)
         except HostNameError as exc:
             return False, str(exc)
         allowed, reason = self.policy().judge(host, port)
         if allowed is not None:
             return allowed, reason
+        return self._asked(host, port, execution, person, pause)
+
+    def _asked(
+        self, host: str, port: int | None, execution: str | None, person: PersonAsk | None, pause: Pause
+    ) -> Decision:
+        """(blocks) The answer about ``host``: asked now, or the answer to the question already open
+        about it (a cell's Python and its curl, or a guard's question, wait for the same one). Keyed
+        by what the name means (``grant_key``): every spelling of one place is one question."""
+        key = grant_key(normalize(host), port)
         with self._lock:
             if key in self._granted:
                 return self._granted[key], "answered earlier"
@@ -174,7 +173,7 @@ class EgressDesk:
                 question = self._open[key] = Future()
         assert question is not None
         if mine:
-            self._ask_for_proxy(host, port, execution, prompt, pause, question)
+            self._ask(host, port, execution, person, pause, question)
         try:
             return question.result(timeout=PERSON_ANSWER_TIMEOUT_S + 5)
         except TimeoutError:
@@ -184,26 +183,41 @@ class EgressDesk:
                 if self._open.get(key) is question and question.done():
                     del self._open[key]
 
-    def _ask_for_proxy(
+    def _ask(
         self,
         host: str,
-        port: int,
+        port: int | None,
         execution: str | None,
-        prompt: Prompt | None,
+        person: PersonAsk | None,
         pause: Pause,
         question: Future[Decision],
     ) -> None:
-        if self.asker is not None:
-            box: list[BrokerAnswer] = []
-            self._ask_agent(self.asker, host, port, box.append, pause)
-            question.set_result((bool(box[0]["allowed"]), str(box[0]["reason"])))
-        elif execution is None or prompt is None:
-            question.set_result((False, NOBODY_TO_ASK))
-        else:
-            self._asked_person.add((execution, grant_key(normalize(host), port)))
-            pause(True)  # resumed when the answer comes
-            text = cell_question(host, port)
-            prompt(EgressPrompt(host=host, port=port, question=text, choices=list(self.choices)))
+        box: list[BrokerAnswer] = []
+        try:
+            if self.asker is not None:
+                self._ask_agent(self.asker, host, port, box.append, pause)
+            elif execution is None or person is None:
+                box.append({"allowed": False, "reason": NOBODY_TO_ASK})
+            else:
+                box.append(self._ask_person(person, host, port, execution, pause))
+        finally:  # whoever else waits for this host gets the same answer, or a no
+            answer = box[0] if box else BrokerAnswer(allowed=False, reason="the host could not ask")
+            question.set_result((bool(answer["allowed"]), str(answer["reason"])))
+
+    def _ask_person(self, person: PersonAsk, host: str, port: int | None, execution: str, pause: Pause) -> BrokerAnswer:
+        """Ask at the cell's input prompt, through the host's own channel: only what the host itself
+        received there is an answer (an "always" is written only then)."""
+        pause(True)  # the time the person takes does not count against the deadline
+        try:
+            choice = ask_until_chosen(lambda text: person(execution, text), cell_question(host, port), self.choices)
+        except Exception as exc:  # noqa: BLE001 - a failing prompt is a "no", never a hang
+            log.warning("ivralo: asking the person failed (%s); refusing %s", terminal_safe(str(exc)), host)
+            choice = "no"
+        finally:
+            pause(False)
+        if choice is None:
+            return {"allowed": False, "reason": NOBODY_TO_ASK}
+        return self._record(host, port, choice)
 
     def _ask_agent(self, asker: Asker, host: str, port: int | None, reply: Reply, pause: Pause) -> None:
         pause(True)  # the time the person takes does not count against the deadline

@@ -21,6 +21,7 @@ import socket
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from ivralo_kernel.protocol.egress import ALLOW_LIST
 from ivralo_kernel.protocol.egress_names import Target, normalize
@@ -48,13 +49,16 @@ class Verdict:
 
 
 Decide = Callable[[str, int], Verdict]
+# The address a connection reached -> why it must not be used, or None. Checked after the connect,
+# before a byte goes up: a name that resolves to this machine is caught as well as its literal.
+ClosedPeer = Callable[[tuple[Any, ...]], str | None]
 CONNECT_TIMEOUT_S = 15.0
 log = logging.getLogger(__name__)
 
 
 class EgressProxy:
-    def __init__(self, path: str, decide: Decide) -> None:
-        self.path, self._decide = path, decide
+    def __init__(self, path: str, decide: Decide, closed_peer: ClosedPeer | None = None) -> None:
+        self.path, self._decide, self.closed_peer = path, decide, closed_peer
         self.decisions: list[tuple[str, int, bool]] = []  # (host, port, allowed), for doctor and tests
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         with contextlib.suppress(FileNotFoundError):
@@ -132,11 +136,19 @@ class EgressProxy:
                 self._answer(conn, 403, status, text)
                 return
             upstream = _connect(addresses, request.port)
+            closed = self.closed_peer(upstream.getpeername()) if self.closed_peer is not None else None
         except (OSError, ValueError) as exc:
             verdict.recorded()
             why = getattr(exc, "strerror", None) or str(exc)
             text = f"ivralo egress proxy: allowed, but {request.host}:{request.port} cannot be reached: {why}"
             self._answer(conn, 502, "Bad Gateway", text)
+            return
+        if closed is not None:
+            upstream.close()
+            verdict.recorded()
+            self.decisions[-1] = (request.host, request.port, False)
+            status = f"Forbidden by ivralo: {request.host}:{request.port} refused ({closed})"
+            self._answer(conn, 403, status, f"ivralo refused {request.host}:{request.port}: {closed}.")
             return
         try:
             # The client's bytes go up at once; nothing comes back to it before the decision is noted.

@@ -14,8 +14,9 @@ so the session's call loop, result building and lost-variables message are the s
   (``POST .../interrupt``); a call that still has not ended after ``interrupt_grace_ms`` is lost: the
   kernel is restarted through the gateway (``POST .../restart``) and the session reports the lost
   variables. Time spent waiting for an ``ask`` answer does not count.
-* **Egress questions**: the gateway has no agent callback, so its broker asks "the person" at the
-  cell's input prompt; this client answers that prompt (on stdin, over the websocket) with ``ask``.
+* **Egress questions**: the gateway has no agent callback, so its host asks "the person" at the
+  cell's input prompt, on its own relay's stdin; this client answers that prompt (on stdin, over the
+  websocket) with ``ask``.
 * **Data plane**: no shared memory between the machines, so bulk bytes travel as binary buffers on
   the websocket, in ``CHUNK_BYTES`` pieces (jupyter_server refuses websocket messages over 10 MiB):
   kernel to host as ``comm_msg`` on IOPub, host to kernel as ``ivralo_data_chunk`` on shell.
@@ -43,7 +44,7 @@ from tornado.httpclient import HTTPRequest
 from tornado.websocket import WebSocketClientConnection, websocket_connect
 
 from ivralo_kernel.host.config import WorkerConfig
-from ivralo_kernel.host.dataplane import decode_segment, ipc_bytes
+from ivralo_kernel.host.dataplane import TransferRefusedError, checked_size, decode_segment, ipc_bytes
 from ivralo_kernel.host.escalation import Phase
 from ivralo_kernel.host.worker import WorkerSettings
 from ivralo_kernel.protocol import ConfigError, IvraloError, WorkerBootstrapError, names
@@ -56,7 +57,7 @@ CHUNK_BYTES = 4 << 20
 PROTOCOL_VERSION = "5.4"
 READY_TIMEOUT_S = 60.0
 MAX_FRAME_BYTES = 64 << 20  # what we accept in one websocket message (our chunks are far smaller)
-# The kernel's egress question at the input prompt (kernel/egress_judge.py's ``_prompt``).
+# The host's egress question at the input prompt (host/person_question.py's ``prompt_text``).
 _EGRESS_PROMPT = re.compile(r"^(?P<question>.*)\. Allow\? \[(?P<choices>[a-z/]+)\] $", re.S)
 
 Asker = Callable[[str, tuple[str, ...]], Awaitable[str]]
@@ -535,18 +536,24 @@ class GatewayPool:
 # --- the data plane over the websocket ------------------------------------------------------------
 
 
-async def fetch_remote(call: NamespaceCall, envelope: dict[str, Any]) -> Any:
+async def fetch_remote(call: NamespaceCall, envelope: dict[str, Any], cap: int, why: str) -> Any:
     """Step two of ``get_var``/``get_dataframe`` behind a gateway: the kernel sends the prepared bytes
-    as the buffers of ``comm_msg``s on IOPub (a comm id of ours, which no comm of the kernel has)."""
+    as the buffers of ``comm_msg``s on IOPub (a comm id of ours, which no comm of the kernel has).
+    What the kernel declares is checked against ``cap`` before the host waits for any of it."""
     worker = call.worker
     assert isinstance(worker, GatewayWorker)
+    checked_size(call.operation, envelope, "size", cap, why)
     comm_id = f"ivralo-data-{uuid.uuid4().hex}"
     buffers = worker.kc.collect(comm_id)
     try:
         sent = json.loads(await call.value(f"{names.DATAPLANE_NAME}.send({comm_id!r}, {CHUNK_BYTES})"))
-        while len(buffers) < int(sent["chunks"]):  # IOPub may trail the shell reply
+        size = checked_size(call.operation, sent, "size", cap, why)
+        chunks = checked_size(call.operation, sent, "chunks", size // CHUNK_BYTES + 1, "its size in chunks")
+        while len(buffers) < chunks:  # IOPub may trail the shell reply
+            if sum(len(b) for b in buffers) > size:
+                break  # more than it declared: refused below, without waiting for the rest
             worker.kc.collected.clear()
-            if len(buffers) >= int(sent["chunks"]):
+            if len(buffers) >= chunks:
                 break
             if call.left_s() <= 0:
                 raise call.timeout()
@@ -555,8 +562,8 @@ async def fetch_remote(call: NamespaceCall, envelope: dict[str, Any]) -> Any:
         data = bytearray().join(buffers)
     finally:
         worker.kc.stop_collecting(comm_id)
-    if len(data) != int(sent["size"]):
-        raise ValueError(f"{call.operation}: the kernel said {sent['size']} bytes and {len(data)} came")
+    if len(data) != size:
+        raise TransferRefusedError(f"{call.operation}: the kernel said {size} bytes and {len(data)} came")
     return await asyncio.to_thread(decode_segment, envelope, data, len(data))
 
 

@@ -5,10 +5,13 @@ Restoring is the person's or the host's act (``ivralo-kernel history``, ``Sessio
 ``protocol/history_index.py``.
 
 The folder is writable from the kernel's side (its copies are written there), so nothing read from
-it is trusted blindly: a copy is opened without following links and must be a regular file with one
-link; a restore writes only inside the workspace, never into ``.git/``, ``.ivralo/`` or a ``.env``
-file (the write guard never keeps those, so such a line is not its own), and walks the folders to
-the file by descriptor, without following links, so a link swapped in cannot send it elsewhere.
+it is trusted: what is listed and restored is what the host recorded (``host/history_ledger.py``:
+a ledger in the config home, each copy with its hash, recorded while the kernel that made it ran),
+never the folder's index alone. A copy is opened without following links, must be a regular file
+with one link and still hold the bytes the host recorded; a restore writes only inside the
+workspace, never onto a closed path (``.git``, ``.ivralo``, ``databases.json``, the tool files, a
+``.env`` file: ``history_ledger.closed_reason``), and walks the folders to the file by descriptor,
+without following links, so a link swapped in cannot send it elsewhere.
 
 **A newer change** (what a restore refuses to overwrite without ``force``): the copy holds the file
 as it was just before a change; that change made the file as it is now, unless something changed it
@@ -25,16 +28,27 @@ first kept as a copy itself (operation ``restore``), so every restore can be und
 
 from __future__ import annotations
 
+import dataclasses
 import errno
+import hashlib
 import os
 import stat
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from ivralo_kernel.host.history_ledger import (
+    HistoryLedger,
+    Recorded,
+    closed_reason,
+    copy_digest,
+    inside_path,
+    read_index,
+)
+from ivralo_kernel.host.sandbox import TOOL_FILES_DEFAULT
 from ivralo_kernel.protocol import IvraloError, names
 from ivralo_kernel.protocol.history_index import (
     INDEX,
@@ -43,14 +57,12 @@ from ivralo_kernel.protocol.history_index import (
     Entry,
     copy_id,
     new_entry,
-    parse_line,
 )
 
 GRACE_S = 2.0  # a change ends this soon after its copy; a later modification is someone else's
 _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
 _NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_CLOSED_DIRS = (".git", names.STATE_DIR)
 
 
 class HistoryError(IvraloError):
@@ -151,26 +163,37 @@ def parse_time(text: str) -> int:
 class HistoryStore:
     """The kept copies of one workspace."""
 
-    def __init__(self, workspace: str | os.PathLike[str]) -> None:
+    def __init__(
+        self,
+        workspace: str | os.PathLike[str],
+        tool_files: Iterable[str] = TOOL_FILES_DEFAULT,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
         self.workspace = os.path.realpath(workspace)
         self.directory = os.path.join(self.workspace, names.HISTORY_DIR)
+        self.tool_files = tuple(tool_files)
+        self.ledger = HistoryLedger(self.workspace, env)
 
     # Reading ---------------------------------------------------------------------------------------
     def entries(self) -> list[Entry]:
-        """Every copy still there, newest first."""
+        """Every copy the host recorded that is still there, newest first (the folder's own index is
+        the kernel's to write: a line the host did not record is not listed)."""
         try:
-            with open(os.path.join(self.directory, INDEX), "rb") as index:
-                lines = index.read().decode("utf-8", "replace").splitlines()
-        except FileNotFoundError:
-            return []
+            recorded = self.ledger.recorded()
         except OSError as exc:
-            raise HistoryError(f"cannot read {self._shown(self.directory)}/{INDEX}: {exc.strerror}") from None
-        found: dict[str, Entry] = {}
-        for line in lines:
-            entry = parse_line(line)
-            if entry is not None and entry.copy not in found and self._copy_is_there(entry):
-                found[entry.copy] = entry
-        return sorted(found.values(), key=lambda e: (e.ns, e.copy), reverse=True)
+            raise HistoryError(f"cannot read the host's record of this history ({self.ledger.path}): {exc}") from None
+        found = [r.entry for r in recorded.values() if self._copy_is_there(r.entry)]
+        return sorted(found, key=lambda e: (e.ns, e.copy), reverse=True)
+
+    def unrecorded(self) -> int:
+        """Lines of the folder's index the host never recorded (written while no host of ivralo watched,
+        or refused when it did): not listed, never restored."""
+        known = self.ledger.recorded()
+        return sum(1 for e in self._index_lines() if e.copy not in known)
+
+    def _index_lines(self) -> list[Entry]:
+        """The folder's own index, as the kernel's side wrote it: only ever used to explain a refusal."""
+        return read_index(self.directory)
 
     def listing(self, path: str | None = None, base: str | None = None) -> list[Entry]:
         """The copies of ``path`` (a file, or every file under a folder), or all; newest first.
@@ -201,6 +224,14 @@ class HistoryStore:
             raise HistoryError(
                 f"the ID {ident} names {len(matches)} kept copies ({shown}). Give the copy's whole file name instead"
             )
+        planted = [e for e in self._index_lines() if e.copy == ident or e.id == ident.lower()]
+        if planted:
+            raise HistoryError(
+                f"the folder's index has a line for {ident} (copy {planted[0].copy!r}), but the host never recorded "
+                "that copy: it was not made by the write guard while a kernel of ivralo ran here (planted, copied "
+                "in with the folder, or refused: a closed path, a link), so it is not listed or restored. Nothing "
+                f"was changed; read it in {names.HISTORY_DIR}/ yourself if you trust it"
+            )
         raise HistoryError(
             f"no kept copy has the ID {ident} in {self.workspace}. `ivralo-kernel history list` shows the IDs "
             "(the oldest copies are pruned first, once the history reaches its caps)"
@@ -228,7 +259,14 @@ class HistoryStore:
 
     def read(self, entry: Entry) -> tuple[bytes, int]:
         """The copy's bytes and mode. Refused when it is not a plain file of the folder (a link, a hard
-        link): the folder is writable from the kernel's side."""
+        link), or no longer holds the bytes the host recorded: the folder is writable from the kernel's side."""
+        recorded = self.ledger.recorded().get(entry.copy)
+        if recorded is None:
+            raise HistoryError(
+                f"the copy {entry.copy} is not in the host's record of this history: it was not made while a "
+                "kernel of ivralo ran here (a line planted in the folder, or copied in with it), so it is not "
+                f"restored. Nothing was changed; read {names.HISTORY_DIR}/{entry.copy} yourself if you trust it"
+            )
         try:
             with self._opened_dir() as history:
                 fd = os.open(entry.copy, _READ, dir_fd=history)
@@ -241,7 +279,13 @@ class HistoryStore:
                     f"the copy {entry.copy} is not a plain file of the history (a link or a hard link): the write "
                     "guard never makes one, so it is not restored. Nothing was changed"
                 )
-            return copy.read(), stat.S_IMODE(st.st_mode) & 0o777
+            content = copy.read()
+        if hashlib.sha256(content).hexdigest() != recorded.sha256:
+            raise HistoryError(
+                f"the copy {entry.copy} no longer holds the bytes the host recorded when it was taken (it was "
+                "rewritten since, from the kernel's side), so it is not restored. Nothing was changed"
+            )
+        return content, stat.S_IMODE(st.st_mode) & 0o777
 
     def relative(self, entry_or_path: Entry | str) -> str:
         path = entry_or_path.path if isinstance(entry_or_path, Entry) else entry_or_path
@@ -305,20 +349,19 @@ class HistoryStore:
     def _target(self, entry: Entry) -> str:
         """The restore's target relative to the workspace, once it is one the write guard could have kept."""
         path = entry.path
-        inside = os.path.isabs(path) and os.path.normpath(path) == path and path.startswith(self.workspace + os.sep)
-        if not inside:
+        rel = inside_path(self.workspace, path)
+        if rel is None:
             raise HistoryError(
                 f"copy {entry.id} was taken of {path}, which is not inside the workspace {self.workspace} (the "
                 "workspace was moved or renamed, or the line is not the write guard's). Nothing was changed; copy "
                 f"it out of {names.HISTORY_DIR}/{entry.copy} yourself if you need it"
             )
-        rel = os.path.relpath(path, self.workspace)
-        parts = rel.split(os.sep)
-        name = parts[-1]
-        if any(p.casefold() in _CLOSED_DIRS for p in parts) or name == names.DOTENV_FILE or name.startswith(".env."):
+        why = closed_reason(rel, self.tool_files)
+        if why is not None:
             raise HistoryError(
-                f"copy {entry.id} would be restored to {rel}, where code may not write (.git/, .ivralo/, .env), so "
-                "the write guard never keeps copies of such files: this index line is not its own. Nothing was changed"
+                f"copy {entry.id} would be restored to {rel}, where code may not write ({why}; closed: .git, "
+                ".ivralo, databases.json, .env and the tool_files setting's), so no restore writes there. Nothing "
+                "was changed"
             )
         return rel
 
@@ -377,6 +420,9 @@ class HistoryStore:
                 _write_all(index, kept.line().encode("utf-8"))
             finally:
                 os.close(index)
+            digest = copy_digest(history, kept.copy)
+        if digest is not None:  # the host made it: recorded as it wrote it
+            self.ledger.add([Recorded(dataclasses.replace(kept, size=digest[1]), digest[0])])
         return kept
 
     def _copy_is_there(self, entry: Entry) -> bool:

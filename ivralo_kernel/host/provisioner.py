@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import json
 import os
 import shutil
 import signal
+import socket
 import stat
 import subprocess
 import tempfile
@@ -35,9 +37,11 @@ from ivralo_kernel.host.broker import BrokerResponder
 from ivralo_kernel.host.channel_relay import ChannelRelay
 from ivralo_kernel.host.config_watch import DOTENV, WorkspaceFiles, protected_in_sandbox
 from ivralo_kernel.host.dataplane import clear_exchange_folder, create_exchange_folder
+from ivralo_kernel.host.egress import PERSON_ANSWER_TIMEOUT_S
 from ivralo_kernel.host.egress_notes import NOTE_WAIT_S, EgressNotes
 from ivralo_kernel.host.egress_proxy import EgressProxy, Verdict
 from ivralo_kernel.host.escalation import DeadlinePolicy
+from ivralo_kernel.host.history_ledger import HistoryRecorder
 from ivralo_kernel.host.kernel_output import relay_output
 from ivralo_kernel.host.kernelspec import SUPERVISOR_MODULE
 from ivralo_kernel.host.prewarm import PER_KERNEL_ENV, SPARE_FLAG, Recipe, Spare, SpareKey, fingerprint
@@ -48,7 +52,6 @@ from ivralo_kernel.host.settings import IvraloSettings, config_file_layers
 from ivralo_kernel.host.watchdog import Loss, Watchdog, WatchdogSettings
 from ivralo_kernel.protocol import KernelPolicy, database_env_names, names, scrub
 from ivralo_kernel.protocol.credentials import credential_store_paths
-from ivralo_kernel.protocol.messages import EgressPrompt
 from ivralo_kernel.protocol.pipe import KillAt
 from ivralo_kernel.protocol.pipe import encode as encode_line
 from ivralo_kernel.protocol.trust import is_trusted
@@ -100,6 +103,7 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
     _egress_notes: EgressNotes | None = None
     _sandbox_folder: SandboxFolder | None = None
     exchange_dir: str | None = None  # the namespace API's shared-memory folder (host.dataplane)
+    history_recorder: HistoryRecorder | None = None  # records the write guard's copies (host.history_ledger)
     _supervisor: int | None = None
     _supervisor_process: psutil.Process | None = None  # the same, kept to end it if bwrap dies first
     _host_pipe: tuple[int, int] | None = None  # the sandbox's supervisor sees EOF when this process is gone
@@ -167,6 +171,8 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
         if self.workspace_files is not None:
             self.workspace_files.end()
         self.workspace_files = WorkspaceFiles(policy.workspace)
+        if self.history_recorder is None:  # before the kernel starts: what is in its history now is not its own
+            self.history_recorder = HistoryRecorder(policy.workspace, self.tool_files)
         if bwrap is not None:
             prepare_workspace(policy.workspace)  # .ivralo exists before the sandbox mounts it read-only
         protected = protected_in_sandbox(policy.workspace) if bwrap is not None else frozenset()
@@ -194,6 +200,7 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
             operations_files=(self.operations_file,) if self.operations_file else (),
             files=self.workspace_files,
         )
+        self.broker.egress.person = self.ask_person
         if previous is not None:
             previous.close()
         self.broker_comm_id = uuid.uuid4().hex
@@ -236,7 +243,7 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
         folder = self._sandbox_folder
         assert folder is not None
         if self.egress_proxy is None:
-            self.egress_proxy = EgressProxy(folder.egress_socket, self._decide_egress)
+            self.egress_proxy = EgressProxy(folder.egress_socket, self._decide_egress, self._closed_peer)
             self.egress_proxy.start()
         # The kernel's sockets are ipc files in its run folder; the clients' (TCP as Jupyter's default, or
         # what they asked for) are the relay's, outside the sandbox. The relay also shows the host every
@@ -253,6 +260,8 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
         if self.relay is None:
             self.relay = ChannelRelay(clients, self._kernel_side, watch_requests=True)
             self.relay.start()
+        else:  # a restart: the old kernel's executions never reply
+            self.relay.end_questions()
         cmd = [inner_file if part == connection_file else part for part in cmd]
         return sandboxed_command(
             bwrap,
@@ -278,21 +287,51 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
             # itself knows which execution is running.
             execution = _ask_running_execution(watchdog)
 
-        def prompt(content: EgressPrompt) -> None:
-            if watchdog is not None:
-                watchdog.send_control(names.MSG_EGRESS_PROMPT, content)
-
         def pause(on: bool) -> None:
             if watchdog is not None and execution is not None:
                 (watchdog.pause if on else watchdog.resume)(execution)
 
-        allowed, reason = broker.egress.decide(host, port, execution, prompt if watchdog is not None else None, pause)
+        allowed, reason = broker.egress.decide(host, port, execution, self.ask_person, pause)
+        if allowed and (closed := self._closed_target(host, port)) is not None:
+            allowed, reason = False, closed  # the cell's line says so; the proxy checks the address it reaches too
         if watchdog is None or execution is None:
             return Verdict(allowed, reason)
         notes = self._egress_notes
         if notes is None:
             return Verdict(allowed, reason)
         return Verdict(allowed, reason, notes.note(execution, host, port, allowed, reason))
+
+    def _closed_target(self, host: str, port: int) -> str | None:
+        """An allowed ``host:port`` that resolves to the clients' side of the relay (looked up only
+        after a yes, as the proxy would)."""
+        if port not in self._client_ports():
+            return None
+        try:
+            addresses = {info[4] for info in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)}
+        except OSError:
+            return None  # the proxy's own connect fails the same way, and says why
+        return next(filter(None, map(self._closed_peer, addresses)), None)
+
+    def _client_ports(self) -> set[int]:
+        info = self.connection_info
+        if info.get("transport", "tcp") != "tcp":
+            return set()
+        return {port for c in CHANNEL_NAMES if isinstance(port := info.get(f"{c}_port"), int)}
+
+    def _closed_peer(self, peer: tuple[Any, ...]) -> str | None:
+        """(the egress proxy's thread) The clients' side of this kernel's relay is never reachable
+        through the proxy, whatever was allowed: with it, code in the kernel could take a client's
+        place on stdin (its identity is in every request) and answer the host's questions."""
+        if peer[1] not in self._client_ports() or not on_this_machine(str(peer[0])):
+            return None
+        return "it is one of this kernel's own Jupyter channels, for its clients only"
+
+    def ask_person(self, execution: str, prompt: str) -> str | None:
+        """(any thread; blocks) The person's answer at ``execution``'s input prompt, asked by the host
+        on the clients' side of the relay, which code in the kernel can neither write nor read. No
+        relay (no sandbox: the kernel binds the clients' sockets itself): nobody the host can ask."""
+        relay = self.relay
+        return relay.ask(execution, prompt, PERSON_ANSWER_TIMEOUT_S) if relay is not None else None
 
     def supervisor_pid(self) -> int | None:
         """The supervisor's pid, as the host sees it (inside a sandbox, bwrap's processes come first)."""
@@ -369,6 +408,9 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
         self.relay.start()
         if self.egress_proxy is not None:
             self.egress_proxy.redirect(self._decide_egress)
+            self.egress_proxy.closed_peer = self._closed_peer  # this notebook's ports now
+        if self.broker is not None:
+            self.broker.egress.person = self.ask_person  # asked on this provisioner's relay
         self._adopting = spare
         self.adopted_pid = int(self.process.pid) if self.process is not None else None
         self.log.info("ivralo: a warm spare kernel (pid %s) serves this notebook", self.adopted_pid)
@@ -431,6 +473,7 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
             backstop=self._backstop_line,
             requested=self.relay.requested if self.relay is not None else None,
             replied=self.relay.replied if self.relay is not None else None,
+            on_idle=self.history_recorder.poke if self.history_recorder is not None else None,
         )
         send = self.watchdog.send_control
         self._egress_notes = EgressNotes(lambda note, on_reply: send(names.MSG_EGRESS_NOTE, note, on_reply))
@@ -468,6 +511,8 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
         self._replacing = True
         try:
             text = killed_cell_text(loss.cause, loss.observer)
+            if self.relay is not None:
+                self.relay.end_questions()  # the killed kernel's questions end, as a no
             if loss.parent:
                 # Through the relay, when there is one: answered where the dead kernel's sockets were.
                 info = self._kernel_side if self.relay is not None else dict(self.connection_info)
@@ -578,6 +623,14 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
         if self.broker is not None and not restart:
             self.broker.close()
         await super().cleanup(restart)
+        if self.history_recorder is not None:  # the tree is gone: nothing more is written to its history
+            # On this thread: cleanup also runs from atexit hooks, where no new thread may start. Each
+            # execution's end already recorded its copies, so this pass has little left to hash.
+            if restart:
+                self.history_recorder.record()
+            else:
+                self.history_recorder.close()
+                self.history_recorder = None
         if self.policy_file:
             with contextlib.suppress(OSError):
                 os.unlink(self.policy_file)
@@ -605,6 +658,23 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
                 self._host_pipe = None
 
 
+CHANNEL_NAMES = ("shell", "iopub", "stdin", "control", "hb")
+
+
+def on_this_machine(address: str) -> bool:
+    """A loopback, unspecified or local interface's address (the relay may bind any of them)."""
+    try:
+        ip = ipaddress.ip_address(address.split("%")[0])
+    except ValueError:
+        return False
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    if ip.is_loopback or ip.is_unspecified:
+        return True
+    local = {a.address.split("%")[0] for addrs in psutil.net_if_addrs().values() for a in addrs}
+    return str(ip) in local
+
+
 # What a provisioner takes over from the spare it adopts (the relay is rebuilt on the new ports).
 ADOPTED = (
     "policy_file",
@@ -618,6 +688,7 @@ ADOPTED = (
     "workspace_files",
     "_sandbox_folder",
     "exchange_dir",
+    "history_recorder",
     "_supervisor",
     "_supervisor_process",
     "_host_pipe",

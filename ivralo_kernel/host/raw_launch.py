@@ -37,10 +37,12 @@ import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from ivralo_kernel.host.closed_paths import TOOL_FILES_DEFAULT
 from ivralo_kernel.host.config_files import config_files
 from ivralo_kernel.host.config_watch import DOTENV, WorkspaceFiles, protected_in_sandbox
+from ivralo_kernel.host.history_ledger import HistoryRecorder
 from ivralo_kernel.host.kernelspec import SUPERVISOR_MODULE
-from ivralo_kernel.host.sandbox import TOOL_FILES_DEFAULT, availability, dotenv_for_kernel, prepare_workspace
+from ivralo_kernel.host.sandbox import availability, dotenv_for_kernel, prepare_workspace
 from ivralo_kernel.host.sandbox_launch import CHANNELS, SandboxFolder, kernel_connection, sandboxed_command
 from ivralo_kernel.protocol import KernelPolicy, database_env_names, names, scrub
 from ivralo_kernel.protocol.bootstrap import module_argv
@@ -168,6 +170,7 @@ def _run(
     inner_file, inner = kernel_connection(client, folder)
     prepare_workspace(workspace)  # .ivralo exists before the sandbox mounts it read-only
     files = WorkspaceFiles(workspace)
+    history = HistoryRecorder(workspace, TOOL_FILES_DEFAULT)  # before the kernel: what is there is not its own
     env = kernel_env(workspace, files, protected_in_sandbox(workspace))
     policy = KernelPolicy.from_env(os.environ, workspace)
     if policy.deadline_ms:
@@ -244,6 +247,8 @@ def _run(
     while process.poll() is None:
         ready, _, _ = select.select([wake_r], [], [], PARENT_POLL_S)
         received = set(os.read(wake_r, 512)) if ready else set()
+        if history.changed():  # the write guard kept a copy: recorded on the recorder's own thread
+            history.poke()
         supervisor = supervisor_now()
         if signal.SIGINT in received and supervisor is not None:
             with contextlib.suppress(ProcessLookupError):
@@ -269,6 +274,7 @@ def _run(
         watchdog.stop()
     proxy.close()
     files.end()
+    history.close()
     loss = watchdog.loss if watchdog is not None else None
     if loss is not None and loss.cause.startswith("timeout"):
         # Ended for its deadline, by this host or by the supervisor's backstop: the status says so

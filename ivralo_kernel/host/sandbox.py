@@ -4,9 +4,11 @@ One ``bwrap`` per kernel, with every namespace (user, mount, pid, ipc, uts, net,
 table is the write policy:
 
 * the root file system read-only; the workspace read-write;
-* closed paths that exist at start read-only over it: ``.git`` (and the git folder a ``.git`` file
-  points to, with its common folder), ``.ivralo`` (but for the kernel's history folder and the worker
-  log), ``databases.json``, and the configurable tool files that other programs run by themselves;
+* closed paths read-only over it, whether they exist at start or not (a placeholder for each missing
+  one, made by the host first: ``closed_paths``): ``.git`` (and the git folder a ``.git`` file points
+  to, with its common folder), ``.ivralo`` (but for the kernel's history folder and the worker log),
+  ``databases.json``, the configurable tool files that other programs run by themselves, the home
+  folder's dot-entries when the workspace holds it, and the host's interpreter where it lives inside;
 * each ``.env`` in the workspace covered by a private empty file;
 * ``/tmp``, ``/dev/shm``, ``/run``, ``$XDG_RUNTIME_DIR`` and Jupyter's runtime folder empty, so no unix
   socket of the machine can be reached (a read-only mount does not stop ``connect()``); the kernel's
@@ -31,12 +33,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ivralo_kernel.host.closed_paths import HOME_FILES, TOOL_FILES_DEFAULT, Placeholder, placeholder_for
 from ivralo_kernel.protocol import database_env_names, names, scrub
 from ivralo_kernel.protocol.credentials import ScrubRule, config_home, credential_store_paths, home_config_inside
 
 CLOSED_SEED = (".git", names.STATE_DIR, "databases.json")
-# What other tools run or read by themselves when the person next opens the folder.
-TOOL_FILES_DEFAULT = (".vscode", ".idea", ".envrc", ".gitmodules")
 HISTORY_DIR = names.HISTORY_DIR
 ENV_SCAN_MAX_DIRS = 5000  # .env files are looked for this far; a larger tree is cut short (logged)
 ENV_SCAN_SKIP = frozenset({".git", "node_modules", ".venv", "venv", "__pycache__", ".tox", ".mypy_cache"})
@@ -211,17 +212,85 @@ class SandboxPlan:
     def _empty(self, path: str) -> list[str]:
         return ["--tmpfs", path] if os.path.isdir(path) else ["--ro-bind", self.empty_file, path]
 
+    def _closed_names(self) -> list[str]:
+        names_here = [*CLOSED_SEED, *self.tool_files]
+        if self._in_a_repository():
+            # git's discovery takes a folder with HEAD, objects/ and refs/ for a bare repository before it
+            # looks further up: a HEAD that is a folder is no head, so the person's repository stays theirs.
+            names_here.append("HEAD")
+        return [os.path.join(self.workspace, name) for name in names_here]
+
+    def _in_a_repository(self) -> bool:
+        """Whether a folder above the workspace has a ``.git``: the person's git in the workspace is
+        that repository's, and a repository made in the workspace folder itself would take its place."""
+        folder = os.path.dirname(self.workspace)
+        while True:
+            if os.path.lexists(os.path.join(folder, ".git")):
+                return True
+            parent = os.path.dirname(folder)
+            if parent == folder:
+                return False
+            folder = parent
+
+    def _home(self) -> str | None:
+        """The home folder when the workspace holds it (JupyterLab started there)."""
+        home = os.path.realpath(self.home)
+        return home if _inside(home, self.workspace) else None
+
+    def missing(self) -> list[Placeholder]:
+        """What must exist before the sandbox is built for every closed path to be closed: a
+        placeholder for each one that is missing (or whose link points to nothing yet, inside)."""
+        wanted: list[tuple[str, str, str]] = []
+        home = self._home()
+        if home is not None:  # first: a home folder's .gitconfig must be a file (git fails on a folder)
+            for name, (kind, content, _why) in HOME_FILES.items():
+                wanted.append((os.path.join(home, name), kind, content))
+        for path in self._closed_names():
+            target = os.path.realpath(path) if os.path.islink(path) else path
+            if _inside(target, self.workspace) and target != self.workspace:
+                wanted.append((target, "dir", ""))
+        found: dict[str, Placeholder] = {}
+        for path, kind, content in wanted:
+            placeholder = placeholder_for(path, kind, content)
+            if placeholder is not None and placeholder.path not in found:
+                found[placeholder.path] = placeholder
+        return list(found.values())
+
+    def closed_links(self) -> dict[str, str]:
+        """The closed names that are symlinks, with where each points (the home folder's dot-entries
+        too, when the workspace holds it): closed at their target, the link itself is not."""
+        paths = self._closed_names()
+        home = self._home()
+        if home is not None:
+            try:
+                paths += [e.path for e in os.scandir(home) if e.name.startswith(".") and e.is_symlink()]
+            except OSError:
+                pass
+        links: dict[str, str] = {}
+        for path in paths:
+            try:
+                links[path] = os.readlink(path)
+            except OSError:  # not a link
+                continue
+        return links
+
     def closed(self) -> list[str]:
-        """Paths inside the workspace (and git folders it points to) that stay read-only, the
-        person's own configuration too when the workspace holds it."""
+        """Paths inside the workspace (and git folders it points to) that stay read-only: the closed
+        names (at their target, for a link), the person's own configuration when the workspace holds
+        it, and the host's interpreter and packages when they live in the workspace (a project's
+        ``.venv``). The placeholders of ``missing()`` are made by then, so they are here too."""
         out = git_folders(self.workspace)
-        for name in (*CLOSED_SEED[1:], *self.tool_files):
-            path = os.path.join(self.workspace, name)
-            if os.path.lexists(path) and not os.path.islink(path):
+        for path in self._closed_names()[1:]:
+            if os.path.islink(path):  # a mount follows the link: closed where it points
+                path = os.path.realpath(path)
+            if os.path.exists(path) and _inside(path, self.workspace) and path != self.workspace and path not in out:
                 out.append(path)
         ipython = {os.path.realpath(p) for p in self.scratch_overlays}  # its own private layer
         for path in home_config_inside(self.workspace, {**self.env, "HOME": self.home}):
             if path not in out and path not in ipython and not os.path.islink(path):
+                out.append(path)
+        for path in dict.fromkeys(os.path.realpath(p) for p in self.code_trees if os.path.isdir(p)):
+            if path != self.workspace and _inside(path, self.workspace) and path not in out:
                 out.append(path)
         return out
 

@@ -15,9 +15,10 @@ import os
 import shutil
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from ivralo_kernel.host.closed_paths import WorkspaceClaim
 from ivralo_kernel.host.sandbox import SandboxPlan, prepare_workspace
 from ivralo_kernel.protocol import names
 
@@ -29,6 +30,9 @@ PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "http
 @dataclass(frozen=True)
 class SandboxFolder:
     root: str
+    # This kernel's hold on each workspace's placeholders, given up when the folder is removed (the
+    # kernel has ended by then, and the last one out removes them).
+    claims: dict[str, WorkspaceClaim] = field(default_factory=dict, compare=False, hash=False)
 
     @classmethod
     def create(cls) -> SandboxFolder:
@@ -65,6 +69,8 @@ class SandboxFolder:
 
     def remove(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
+        while self.claims:
+            self.claims.popitem()[1].release()
 
 
 def kernel_connection(client: dict[str, Any], folder: SandboxFolder) -> tuple[str, dict[str, Any]]:
@@ -116,6 +122,10 @@ def sandboxed_command(
         credential_store_paths=credential_stores,
         exchange_dir=exchange_dir,
     )
+    # Each missing closed path gets its placeholder now, on the host, so that argv mounts it read-only.
+    claim = folder.claims.get(workspace) or folder.claims.setdefault(workspace, WorkspaceClaim(workspace))
+    claim.hold(plan.missing())
+    claim.note_links(plan.closed_links())  # a replaced one is named in the host's log when the kernel ends
     return plan.argv(cmd)
 
 
@@ -126,7 +136,9 @@ def _code_trees(python: str) -> tuple[str, ...]:
 
     roots = [os.path.dirname(os.path.dirname(os.path.abspath(python)))]
     roots.append(os.path.dirname(os.path.dirname(os.path.realpath(python))))
-    roots += [sys.prefix, sys.base_prefix, os.path.dirname(os.path.dirname(os.path.abspath(ivralo_kernel.__file__)))]
+    package = os.path.dirname(os.path.abspath(ivralo_kernel.__file__))
+    # The package itself too: an editable checkout that is the workspace keeps its host code closed.
+    roots += [sys.prefix, sys.base_prefix, os.path.dirname(package), package]
     return tuple(roots)
 
 

@@ -29,15 +29,18 @@ from ivralo_kernel.host.code_gate import DONE_WITH_ERRORS, gate_refusal, is_refu
 from ivralo_kernel.host.config import WorkerConfig
 from ivralo_kernel.host.dataplane import (
     Exchange,
+    TransferRefusedError,
     as_table,
+    checked_size,
     decode_inline,
     decode_segment,
     ipc_size,
     require_arrow,
-    write_ipc,
+    transfer_cap,
 )
 from ivralo_kernel.host.escalation import Phase
 from ivralo_kernel.host.gateway import GatewayPool, GatewayWorker, RemoteDeadline, fetch_remote, inject_remote
+from ivralo_kernel.host.history_ledger import HistoryRecorder
 from ivralo_kernel.host.history_store import HistoryError, HistoryStore, entry_dict, parse_time
 from ivralo_kernel.host.namespace import (
     DATAPLANE,
@@ -47,14 +50,13 @@ from ivralo_kernel.host.namespace import (
     WorkerGone,
 )
 from ivralo_kernel.host.outputs import CellOutput, effects_in, error_result, lost_names_message, with_effects
-from ivralo_kernel.host.pool import HostMemoryError, WorkerPool, WorkerPoolExhaustedError
+from ivralo_kernel.host.pool import HostMemoryError, WorkerPool, WorkerPoolExhaustedError, available_memory
 from ivralo_kernel.host.test_runs import RUNNERS, run_report, runner_cell
 from ivralo_kernel.host.watchdog import Watchdog
 from ivralo_kernel.host.worker import Worker
 from ivralo_kernel.protocol import ConfigError, WorkerBootstrapError, names
 from ivralo_kernel.protocol.messages import Effects
 from ivralo_kernel.protocol.processes import describe_exit
-from ivralo_kernel.protocol.tables import release
 
 if TYPE_CHECKING:
     from ivralo_kernel.host.attach import AttachedSession
@@ -198,6 +200,9 @@ class Session:
             finally:
                 worker.busy = False
                 worker.last_used = time.monotonic()
+            recorder = self._history_recorder()
+            if recorder is not None and recorder.changed():  # its copies recorded before the caller looks
+                await asyncio.to_thread(recorder.record)
             return with_effects(self._with_notes(result, worker), self._effects)
 
     async def _ensure_started(self) -> AnyWorker:
@@ -485,24 +490,38 @@ class Session:
     async def _fetch(self, call: NamespaceCall, name: str, *, tables_only: bool, or_repr: bool) -> Any:
         asked = f"{DATAPLANE}.prepare({name!r}, {tables_only}, {or_repr})"
         envelope = json.loads(await call.value(asked))
+        if not isinstance(envelope, dict) or envelope.get("kind") not in ("json", "repr", "arrow", "npy"):
+            raise TransferRefusedError(f"{call.operation}: the kernel's answer is not one of its data plane's")
         if envelope["kind"] in ("json", "repr"):
             return decode_inline(envelope)
         if envelope["kind"] == "arrow":
             require_arrow(call.operation)
+        cap, why = self._transfer_cap()
         if isinstance(call.worker, GatewayWorker):  # no shared memory: binary buffers on the websocket
-            return await fetch_remote(call, envelope)
+            return await fetch_remote(call, envelope, cap, why)
         exchange = self._exchange(call.worker)
-        path, capacity = exchange.reserve(int(envelope["size"]))
+        path, capacity = exchange.reserve(checked_size(call.operation, envelope, "size", cap, why))
         try:
             written = json.loads(await call.value(f"{DATAPLANE}.write({path!r}, {capacity})"))
-            segment = exchange.segment
-            assert segment is not None
-            return await asyncio.to_thread(decode_segment, envelope, segment, int(written["size"]))
+            length = checked_size(call.operation, written, "size", capacity, "the segment the host reserved")
+            data = await asyncio.to_thread(exchange.read, length)
+            return await asyncio.to_thread(decode_segment, envelope, data, length)
         except BaseException:
             exchange.discard()  # a late answer may still write: into a segment nobody reads again
             raise
         finally:
             exchange.settle()
+
+    def _transfer_cap(self) -> tuple[int, str]:
+        """(the most bytes one transfer from the kernel may take, where that number comes from)."""
+        c = self.config
+        cap = transfer_cap(c.transfer_cap_bytes, c.memory_limit_bytes)
+        why = "transfer_cap_bytes" if c.transfer_cap_bytes is not None else "the kernel's memory limit"
+        spare = available_memory() - c.host_memory_reserve_bytes
+        if spare < cap:
+            reserve = c.host_memory_reserve_bytes
+            return max(0, spare), f"what the host has available less host_memory_reserve_bytes={reserve}"
+        return cap, why
 
     async def set_var(self, name: str, value: Any) -> None:
         """Bind ``name`` in the namespace to a JSON-serialisable ``value``."""
@@ -558,7 +577,7 @@ class Session:
             exchange = self._exchange(call.worker)
             path, capacity = exchange.reserve(size)
             try:
-                length = await asyncio.to_thread(_write_table, table, exchange)
+                length = await asyncio.to_thread(exchange.write_table, table)
                 await call.value(f"{DATAPLANE}.receive({name!r}, {path!r}, {capacity}, {length}, {kind!r})")
             except BaseException:
                 exchange.discard()
@@ -571,9 +590,10 @@ class Session:
         """The workspace's kept copies (the write guard's, before a cell changed a file), newest first:
         ``{"id", "time", "path", "operation", "size", "copy"}``; only those of ``path`` (a file, or the
         files under a folder; relative to the workspace) if given. Read by the host: the kernel never can."""
-        store = HistoryStore(self.workspace)
+        store = HistoryStore(self.workspace, self.config.tool_files)
 
         def listed() -> list[dict[str, Any]]:
+            self._record_history()
             return [entry_dict(store, e) for e in store.listing(path, base=store.workspace)]
 
         return await asyncio.to_thread(listed)
@@ -588,9 +608,10 @@ class Session:
                 "this session's role is readonly, so it changes no files, restores included. Ask the person to "
                 "restore it: ivralo-kernel history restore ID"
             )
-        store = HistoryStore(self.workspace)
+        store = HistoryStore(self.workspace, self.config.tool_files)
 
         def restored() -> dict[str, Any]:
+            self._record_history()
             if at is not None:
                 entry = store.at(target, parse_time(at), base=store.workspace)
             else:
@@ -598,6 +619,19 @@ class Session:
             return store.restore(entry, force=force, force_flag="force=True").as_dict()
 
         return await asyncio.to_thread(restored)
+
+    def _history_recorder(self) -> HistoryRecorder | None:
+        """The host's recorder of the worker's history (its provisioner's), if it has one here."""
+        provisioner = getattr(getattr(self._worker, "km", None), "provisioner", None)
+        recorder = getattr(provisioner, "history_recorder", None)
+        return recorder if isinstance(recorder, HistoryRecorder) else None
+
+    def _record_history(self) -> None:
+        """What the worker's write guard copied, recorded now by its host (its provisioner's recorder
+        also does, on a thread of its own, when a cell ends)."""
+        recorder = self._history_recorder()
+        if recorder is not None:
+            recorder.record()
 
     def _exchange(self, worker: Worker) -> Exchange:
         if worker.exchange is None:
@@ -632,14 +666,6 @@ def _check_gateway(pool: WorkerPool | None, grants: tuple[str, ...], python: str
             "the credentials and the interpreter",
             "Set them in the gateway's jupyter_ivralo_config (IvraloProvisioner.grants, ...), and leave them out here",
         )
-
-
-def _write_table(table: Any, exchange: Exchange) -> int:
-    view = exchange.view()
-    try:
-        return write_ipc(table, view)
-    finally:
-        release(view)
 
 
 def _check_name(name: str) -> None:

@@ -26,9 +26,9 @@ from typing import Any
 from traitlets import Bool, Enum, Float, Int, List, Unicode, default
 from traitlets.config import Config, Configurable
 
+from ivralo_kernel.host.closed_paths import TOOL_FILES_DEFAULT
 from ivralo_kernel.host.config_files import CONFIG_FILE, config_files
 from ivralo_kernel.host.kernelspec import raw_launch_env
-from ivralo_kernel.host.sandbox import TOOL_FILES_DEFAULT
 from ivralo_kernel.protocol import ConfigError, names
 from ivralo_kernel.protocol.audience import AGENT, AUDIENCES, PERSON
 from ivralo_kernel.protocol.code_gate import (
@@ -230,7 +230,10 @@ class IvraloSettings(Configurable):  # type: ignore[misc]
         list(TOOL_FILES_DEFAULT),
         config=True,
         help="Files and folders in the workspace that other tools run or read by themselves (an editor's "
-        "tasks, direnv): read-only in the sandbox, like .git, .ivralo and databases.json.",
+        "tasks, direnv, CI, git hooks): read-only in the sandbox, like .git, .ivralo and databases.json, "
+        "whether they exist at start or not (a missing one gets an empty folder as a placeholder while a "
+        "kernel runs). The defaults and why each is there: docs/workspace-files.md. A name that is a link "
+        "is closed at its target.",
     )
     history_cap_bytes = Count(
         256 * MIB,
@@ -358,6 +361,13 @@ class IvraloAgent(IvraloSettings):
     )
     namespace_timeout_ms = Count(
         10_000, config=True, help="How long a namespace request (get_var, ...) may take, in ms."
+    )
+    transfer_cap_bytes = Count(
+        None,
+        config=True,
+        help="The most bytes one get_var/get_dataframe may bring from the kernel: the size the kernel "
+        "declares is checked against it before the host reserves any memory (what the kernel says is not "
+        "trusted). None: the kernel's memory limit (memory_limit_bytes, or half the machine's memory).",
     )
     max_workers = Count(8, config=True, help="The most workers the pool runs at once.")
     prewarm_pool_size = Count(0, minimum=0, config=True, help="Spare workers kept started and ready.")

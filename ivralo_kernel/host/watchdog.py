@@ -79,6 +79,7 @@ class Watchdog:
         requested: Callable[[str], bool] | None = None,
         replied: Callable[[str], bool] | None = None,
         turn: Callable[[float], tuple[str, float] | None] | None = None,
+        on_idle: Callable[[], None] | None = None,
     ) -> None:
         self.settings = settings
         self.root_pid = root_pid
@@ -93,6 +94,7 @@ class Watchdog:
         # (None: "busy" alone starts a deadline). Only requests from this watchdog's start on.
         self._turn = turn
         self._started = clock()
+        self._on_idle = on_idle  # an execution ended (the history recorder's cue)
         self.channels = KernelChannels(connection_info)
         self.observer = Observer(root_pid, settings.stall_window_ms, clock)
         self.running: OrderedDict[str, dict[str, Any]] = OrderedDict()  # msg_id -> request header
@@ -217,6 +219,8 @@ class Watchdog:
             self.observer.busy = False
             if self.deadlines is not None:
                 self.deadlines.on_idle(msg_id)
+            if self._on_idle is not None:
+                self._on_idle()
 
     def _pause_deadline(self, msg_id: str, on: bool) -> None:
         """While somebody answers a brokered question, the deadline does not count."""

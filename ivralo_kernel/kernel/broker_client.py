@@ -16,19 +16,9 @@ from __future__ import annotations
 import threading
 import uuid
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol, cast
+from typing import Any, cast
 
 from ivralo_kernel.protocol.messages import BrokerAnswer, BrokerRequest, CallRecord
-
-
-class PersonPrompt(Protocol):
-    """The person at the frontend, reached through the running cell's stdin channel."""
-
-    def available(self) -> bool:
-        """True when the running execution allows input requests (a notebook or console does)."""
-        ...
-
-    def ask(self, prompt: str) -> str: ...
 
 
 class BrokerUnavailable(RuntimeError):
@@ -50,7 +40,6 @@ class BrokerClient:
         # Sends one comm_msg on IOPub (set by the kernel once it is built).
         self.publish: Callable[[str, BrokerRequest], None] | None = None
         self.host_ready = threading.Event()
-        self.person: PersonPrompt | None = None  # set by the kernel once it is built
         # Called around a wait: the deadline backstop stops counting while the host (or a person) answers.
         self.on_wait: tuple[Callable[[], None], Callable[[], None]] | None = None
         self._lock = threading.Lock()

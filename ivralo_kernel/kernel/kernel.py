@@ -33,7 +33,6 @@ from ivralo_kernel.kernel.broker_client import BROKER, HOST_CONNECT_TIMEOUT_S
 from ivralo_kernel.kernel.cell_checks import SecurityError, install_cell_checks, make_hermetic
 from ivralo_kernel.kernel.deadline import DeadlineNotices, InKernelWatchdog, SupervisorBackstop
 from ivralo_kernel.kernel.effects import EffectsRecorder
-from ivralo_kernel.kernel.egress_judge import answer_proxy_question
 from ivralo_kernel.kernel.launch_state import STATE
 from ivralo_kernel.kernel.pip_magic import guarded_pip
 from ivralo_kernel.protocol import names
@@ -75,7 +74,6 @@ class IvraloKernel(compat.KernelOverrides, IPythonKernel):
         compat.route_control(self, "create_subshell_request", self._refuse_subshell)
         self.deadline_notices = DeadlineNotices()
         self._executing: str | None = None
-        self._executing_parent: tuple[dict[str, Any], Any] | None = None  # (request, its stdin identity)
         assert self.shell is not None
         # IPython keeps one custom-exception hook: the deadline's message, and refusals shown
         # without ivralo's own frames (OSError: the guards' refusals are PermissionError, gaierror).
@@ -86,7 +84,6 @@ class IvraloKernel(compat.KernelOverrides, IPythonKernel):
         original_pip = self.shell.find_line_magic("pip")
         if original_pip is not None and STATE.workspace:
             self.shell.register_magic_function(guarded_pip(original_pip, STATE.workspace), "line", "pip")
-        BROKER.person = _CellPrompt(self)
         surface_magics.register(self.shell)  # %apropos WORD, %doc NAME
         # The broker's API, ready in every cell as `ivralo` (help(ivralo)); hidden from %who and
         # the namespace API, like IPython's own names.
@@ -182,9 +179,6 @@ class IvraloKernel(compat.KernelOverrides, IPythonKernel):
         parent = self.get_parent("shell")
         msg_id = parent.get("header", {}).get("msg_id")
         self._executing = msg_id
-        # For a question asked from another thread (the egress proxy's): the input request must name
-        # this execution as its parent, or a frontend ignores it (jupyter console does).
-        self._executing_parent = (parent, compat.shell_parent_ident(self))
         if STATE.network is not None:
             STATE.network.take_attempts()  # each cell lists only the hosts it tried
         BROKER.take_records()
@@ -212,7 +206,6 @@ class IvraloKernel(compat.KernelOverrides, IPythonKernel):
             if self._backstop is not None:
                 self._backstop.finished()
             self._executing = None
-            self._executing_parent = None
             self.deadline_notices.discard(msg_id)
 
     def _begin_effects(self) -> None:
@@ -268,16 +261,6 @@ class IvraloKernel(compat.KernelOverrides, IPythonKernel):
         """The host hears our IOPub and reaches our control channel: broker requests may go now."""
         ok = BROKER.hello(parent.get("content", {}).get("comm_id"))
         self._reply(stream, ident, parent, "ivralo_broker_hello_reply", {"status": "ok" if ok else "error"})
-
-    async def ivralo_egress_prompt(self, stream: Any, ident: Any, parent: dict[str, Any]) -> None:
-        """The host's egress proxy asks the person about a host (curl, pip or requests through the
-        sandbox's proxy): on a thread of its own, since the answer may take minutes and control must
-        go on serving (interrupts, the deadline's questions)."""
-        content = dict(parent.get("content") or {})
-        asking = threading.Thread(target=answer_proxy_question, args=(content,), name="ivralo-egress-prompt")
-        asking.daemon = True
-        asking.start()
-        self._reply(stream, ident, parent, "ivralo_egress_prompt_reply", {"status": "ok"})
 
     async def ivralo_egress_note(self, stream: Any, ident: Any, parent: dict[str, Any]) -> None:
         """What the host's egress proxy decided, for the running cell's "hosts tried" line."""
@@ -391,33 +374,6 @@ def _show_exception(shell: Any, etype: type, value: BaseException, tb: Any, tb_o
     stb_: list[str] = shell.InteractiveTB.structured_traceback(etype, value, tb, tb_offset=tb_offset)
     compat.show_traceback(shell, etype, value, stb_)
     return stb_
-
-
-class _CellPrompt:
-    """Questions for the person go to the running cell's input prompt, as ``input()`` does; the
-    time the person takes does not count against the deadline."""
-
-    def __init__(self, kernel: IvraloKernel) -> None:
-        self._kernel = kernel
-
-    def available(self) -> bool:
-        return compat.stdin_allowed(self._kernel) and self._kernel._executing is not None
-
-    def ask(self, prompt: str) -> str:
-        kernel = self._kernel
-        backstop = kernel._backstop
-        if backstop is not None:
-            backstop.pause()
-        try:
-            running = kernel._executing_parent
-            if threading.current_thread() is threading.main_thread() or running is None:
-                return str(kernel.raw_input(prompt))
-            # Another thread: name the running execution explicitly (a thread's context has none).
-            parent, ident = running
-            return compat.input_request(kernel, prompt, ident, parent)
-        finally:
-            if backstop is not None:
-                backstop.resume()
 
 
 class _ReplacementGate:

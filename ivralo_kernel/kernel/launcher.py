@@ -37,9 +37,11 @@ from ivralo_kernel.guards.network import install_network_guard
 from ivralo_kernel.kernel.broker_client import BROKER
 from ivralo_kernel.kernel.egress_judge import egress_judge
 from ivralo_kernel.kernel.launch_state import STATE
+from ivralo_kernel.kernel.mounts import read_only_mounts_inside
 from ivralo_kernel.kernel.sandbox_report import SANDBOX_DIRECT_REFUSAL, fallback_note, sandbox_layers
 from ivralo_kernel.kernel.stages import SupervisorPipe, write_failure
 from ivralo_kernel.protocol import KernelPolicy, audience, default_memory_limit, names
+from ivralo_kernel.protocol.closed_names import TOOL_FILES_DEFAULT
 from ivralo_kernel.protocol.credentials import config_home, credential_store_paths, home_config_inside
 from ivralo_kernel.protocol.egress import load_egress_policy
 from ivralo_kernel.protocol.trust import is_trusted
@@ -225,6 +227,25 @@ def _ensure_ipython_profile() -> None:
     ProfileDir.create_profile_dir_by_name(get_ipython_dir(), "default")
 
 
+def _home_inside(workspace: str) -> str:
+    home = os.path.realpath(os.path.expanduser("~"))
+    return home if home == workspace or home.startswith(workspace.rstrip(os.sep) + os.sep) else ""
+
+
+def _closed_tools(workspace: str) -> tuple[str, ...]:
+    """The tool files the write guard refuses with a sentence. In the sandbox, every read-only mount
+    inside the workspace, read from this process's mount table: the host's own list (its tool_files
+    setting) with the placeholders of missing ones, a project's .venv; and a default name that is a
+    link (the mount closes its target, not the link). Without the sandbox, the defaults."""
+    defaults = [os.path.join(workspace, name) for name in TOOL_FILES_DEFAULT]
+    if os.environ.get(names.ENV_SANDBOX) == names.SANDBOX_BWRAP:
+        found = read_only_mounts_inside(workspace) + [p for p in defaults if os.path.islink(p)]
+    else:
+        found = defaults
+    state = os.path.join(workspace, names.STATE_DIR)
+    return tuple(p for p in dict.fromkeys(found) if not (p == state or p.startswith(state + os.sep)))
+
+
 def _install_file_guards(policy: KernelPolicy, workspace: str) -> tuple[FileGuard, bool]:
     tmp = _private_tmp()
     _ensure_ipython_profile()
@@ -239,6 +260,9 @@ def _install_file_guards(policy: KernelPolicy, workspace: str) -> tuple[FileGuar
         config_home_is_workspace=os.path.realpath(config_home(os.environ)) == workspace,
         closed_reads=_credential_stores(policy, workspace),
         closed_writes=home_config_inside(workspace, os.environ),
+        closed_tools=_closed_tools(workspace),
+        home_inside=_home_inside(workspace),
+        home_kept_open=(os.path.realpath(ipython_dir),),
         # While the kernel starts, IPython may create its profile folder and ipykernel its runtime files.
         allow_during_startup=tuple(
             os.path.realpath(d) for d in (ipython_dir, os.path.dirname(os.path.abspath(connection_file))) if d

@@ -13,7 +13,7 @@ def read_json_file(path: Path) -> tuple[str | None, Any, str | None]:
     """(text, data, problem); (None, None, None) when the file does not exist."""
     try:
         text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
+    except (FileNotFoundError, IsADirectoryError):  # a directory is the sandbox's placeholder: no file
         return None, None, None
     except OSError as exc:
         return None, None, f"{path}: cannot be read ({exc.strerror})"

@@ -16,20 +16,13 @@ from typing import Any, NotRequired, TypedDict
 
 class BrokerRequest(TypedDict):
     req_id: str
-    kind: str  # names.BROKER_EGRESS, BROKER_EGRESS_ANSWER, BROKER_API, BROKER_SQL, BROKER_CATALOG
+    kind: str  # names.BROKER_EGRESS, BROKER_API, BROKER_SQL, BROKER_CATALOG
     payload: dict[str, Any]  # one of the payloads below, by kind
 
 
 class EgressQuestion(TypedDict):  # BROKER_EGRESS
     host: str
     port: int
-    person: bool  # a person can be asked through the running cell's stdin
-
-
-class EgressChoice(TypedDict):  # BROKER_EGRESS_ANSWER: the person's answer, relayed by the kernel
-    host: str
-    port: int
-    choice: str  # one of names.EGRESS_CHOICES
 
 
 class ApiCall(TypedDict):  # BROKER_API
@@ -52,13 +45,10 @@ class CallRecord(TypedDict):
 
 
 class BrokerAnswer(TypedDict, total=False):
-    """The answer to any request: an egress decision, a question for the person, or a call's outcome."""
+    """The answer to any request: an egress decision or a call's outcome."""
 
     allowed: bool  # egress: the decision
     reason: str
-    ask_person: bool  # egress: the host has nobody to ask but the cell's person
-    question: str
-    choices: list[str]
     ok: bool  # api, sql, catalog
     result: Any
     error: str
@@ -82,13 +72,6 @@ class DeadlineNotice(TypedDict):  # control: names.MSG_DEADLINE_NOTICE ("the nex
     msg_id: str
     deadline_ms: int
     act_before: float  # CLOCK_MONOTONIC: a notice that arrives later is stale, and ignored
-
-
-class EgressPrompt(TypedDict):  # control: names.MSG_EGRESS_PROMPT (the sandbox's proxy asks the person)
-    host: str
-    port: int
-    question: str
-    choices: list[str]
 
 
 class EgressNote(TypedDict):  # control: names.MSG_EGRESS_NOTE (for the running cell's "hosts tried")

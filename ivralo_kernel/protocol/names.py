@@ -127,9 +127,6 @@ MSG_BROKER_REPLY: Final = "ivralo_broker_reply"  # the host's answer to a broker
 # buffer, on shell: {"ref"} (no reply; the request that binds the table comes after it on shell).
 MSG_DATA_CHUNK: Final = "ivralo_data_chunk"
 MSG_BROKER_HELLO: Final = "ivralo_broker_hello"  # {"comm_id"} -> ivralo_broker_hello_reply {"status"}
-# The egress proxy met an unknown host: "show this question at the running cell's input prompt"
-# {"host", "port", "question", "choices"}; the kernel relays the answer as an egress_answer request.
-MSG_EGRESS_PROMPT: Final = "ivralo_egress_prompt"
 # What the egress proxy decided, for the cell's "hosts tried" line {"host", "port", "allowed", "reason"};
 # the proxy goes on once the kernel has answered (or after a short wait).
 MSG_EGRESS_NOTE: Final = "ivralo_egress_note"
@@ -138,13 +135,13 @@ CONTROL_MSG_TYPES: Final = (
     MSG_STATUS_REQUEST,
     MSG_BROKER_REPLY,
     MSG_BROKER_HELLO,
-    MSG_EGRESS_PROMPT,
     MSG_EGRESS_NOTE,
 )
 
 # What a broker request asks for (ENV_BROKER_COMM says how it travels).
-BROKER_EGRESS: Final = "egress"  # {"host", "port", "person": bool} -> {"allowed", "reason"} | {"ask_person", ...}
-# The person's answer to an "ask_person" reply, relayed from the cell's stdin: {"host", "port", "choice"}.
+BROKER_EGRESS: Final = "egress"  # {"host", "port"} -> {"allowed", "reason"} (the host asks whoever it asks)
+# A person's answer relayed by the kernel, as older kernels sent it: always refused (the host asks the
+# person itself, on its own channel to the client; host/stdin_questions.py).
 BROKER_EGRESS_ANSWER: Final = "egress_answer"
 BROKER_API: Final = "api"  # {"operation": str, "params": {...}} -> {"ok", "result" | "error", "record"}
 BROKER_SQL: Final = "sql"  # {"database": str, "query": str, "params": {...}} -> the same shape
