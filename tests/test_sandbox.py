@@ -244,7 +244,7 @@ async def test_a_start_that_must_have_the_sandbox_says_so(workspace: Path, monke
     from ivralo_kernel.host import sandbox as sandbox_module
     from ivralo_kernel.host.manager import IvraloKernelManager
 
-    monkeypatch.setattr(sandbox_module, "find_bwrap", lambda: None)  # a machine without bubblewrap
+    monkeypatch.setattr(sandbox_module, "bwrap_candidates", list)  # a machine without bubblewrap
     manager = IvraloKernelManager.for_settings(python=PYTHON, sandbox="required")
     with pytest.raises(RuntimeError, match=r"must run in an OS sandbox \(sandbox='required'\), but bubblewrap"):
         await manager.start_kernel(cwd=str(workspace))

@@ -17,7 +17,7 @@ from ivralo_kernel.host.broker import BrokerResponder
 from ivralo_kernel.host.observer import human_bytes
 from ivralo_kernel.host.prewarm import kernelspec_spares
 from ivralo_kernel.host.processes import tree_rss
-from ivralo_kernel.host.sandbox import availability, dotenv_kept_out
+from ivralo_kernel.host.sandbox import choose_bwrap, dotenv_kept_out
 from ivralo_kernel.host.settings import JupyterHostSettings, config_file_layers, resolve
 from ivralo_kernel.protocol import database_env_names, names, scrub
 from ivralo_kernel.protocol.credentials import RULE_FILE, ScrubRule, config_home, rule_problems
@@ -57,10 +57,10 @@ def _tcp_floor_row(layers: dict[str, Any]) -> tuple[str, bool, str, str]:
 
 def _sandbox_row(layers: dict[str, Any]) -> tuple[str, bool, str, str]:
     mode = str(layers.get("sandbox", "unknown"))
+    choice = choose_bwrap()  # the host's own probe (cached): which bwrap, and why not the others
     if mode.startswith("bwrap"):
-        return "OS sandbox", True, f"{mode}; network {layers.get('network', '?')}", ""
-    bwrap, why = availability()
-    here = f"bubblewrap can build one on this machine ({bwrap})" if bwrap else f"none can be built here: {why}"
+        return "OS sandbox", True, f"{mode}; network {layers.get('network', '?')}; built with {choice.report()}", ""
+    here = f"bubblewrap can build one on this machine: {choice.report()}" if choice.path else choice.why
     return (
         "OS sandbox",
         False,

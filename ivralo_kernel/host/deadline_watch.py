@@ -164,13 +164,13 @@ class DeadlineWatch:
             self._kill(msg_id, self.cause)
 
     def _take_reference(self, msg_id: str) -> None:
-        reference = sample_tree(self._root_pid, self._clock, max_age_s=0)
+        reference = sample_tree(self._root_pid, self._clock, max_age_s=0, count_held=False)
         if reference is not None:
             self._settle_from[msg_id] = reference
 
     def _check_quiet(self, msg_id: str, now: float) -> Action:
         """A settling or paused execution: has the tree computed since the last sample?"""
-        sample = sample_tree(self._root_pid, self._clock, max_age_s=0)
+        sample = sample_tree(self._root_pid, self._clock, max_age_s=0, count_held=False)
         reference = self._settle_from.get(msg_id)
         quiet, span = True, 0.0  # the tree is gone: nothing computes
         if sample is not None:

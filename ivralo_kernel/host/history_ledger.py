@@ -39,8 +39,9 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from ivralo_kernel.host.sandbox import CLOSED_SEED, TOOL_FILES_DEFAULT
+from ivralo_kernel.host.sandbox import CLOSED_SEED
 from ivralo_kernel.protocol import names
+from ivralo_kernel.protocol.closed_names import TOOL_FILES_DEFAULT
 from ivralo_kernel.protocol.credentials import config_home
 from ivralo_kernel.protocol.history_index import INDEX, Entry, is_plain_name, parse_line
 

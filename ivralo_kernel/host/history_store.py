@@ -48,8 +48,8 @@ from ivralo_kernel.host.history_ledger import (
     inside_path,
     read_index,
 )
-from ivralo_kernel.host.sandbox import TOOL_FILES_DEFAULT
 from ivralo_kernel.protocol import IvraloError, names
+from ivralo_kernel.protocol.closed_names import TOOL_FILES_DEFAULT
 from ivralo_kernel.protocol.history_index import (
     INDEX,
     MIN_ID_PREFIX,

@@ -1,5 +1,6 @@
-"""[host] The watchdog's memory handler: the kernel tree's RSS against the soft limit (one notice
-per episode, for the next result) and the hard limit (the tree is killed)."""
+"""[host] The watchdog's memory handler: the kernel tree's memory against the soft limit (one notice
+per episode, for the next result) and the hard limit (the tree is killed). Its memory is its RSS and
+what it holds outside RSS (tmpfs files, memfds, the exchange folder: host/held_memory.py)."""
 
 from __future__ import annotations
 
@@ -21,20 +22,22 @@ class MemoryWatch:
 
     def check(self, sample: Sample) -> str | None:
         """(the watchdog's thread) The cause to kill the tree for, or None."""
-        if self.hard_bytes is not None and sample.rss > self.hard_bytes:
-            return f"memory: RSS {human_bytes(sample.rss)} exceeded memory_hard_limit_bytes={self.hard_bytes}"
+        if self.hard_bytes is not None and sample.memory > self.hard_bytes:
+            rss = human_bytes(sample.rss)
+            return f"memory: RSS {rss}{_held(sample)} exceeded memory_hard_limit_bytes={self.hard_bytes}"
         soft = self.soft_bytes
         if soft is None:
             return None
         with self._lock:
-            if sample.rss > soft and not self._episode:
+            if sample.memory > soft and not self._episode:
                 self._episode = True
+                rss = human_bytes(sample.rss)
                 self._notice = (
-                    f"[ivralo memory] RSS {human_bytes(sample.rss)} exceeds the {human_bytes(soft)} soft limit — "
+                    f"[ivralo memory] RSS {rss}{_held(sample)} exceeds the {human_bytes(soft)} soft limit — "
                     "delete objects you no longer need (del name)"
                 )
                 self._log.warning("ivralo: %s", self._notice)
-            elif sample.rss <= soft:
+            elif sample.memory <= soft:
                 self._episode = False
         return None
 
@@ -43,3 +46,9 @@ class MemoryWatch:
         with self._lock:
             notice, self._notice = self._notice, None
             return notice
+
+
+def _held(sample: Sample) -> str:
+    if not sample.held:
+        return ""
+    return f" + {human_bytes(sample.held)} in files on tmpfs and shared memory (/tmp, /dev/shm, memfd)"

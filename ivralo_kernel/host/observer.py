@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import psutil
 
+from ivralo_kernel.host import held_memory
 from ivralo_kernel.protocol.processes import children_by_parent, descendants_of
 
 GIB = 1 << 30
@@ -40,6 +41,13 @@ class Sample:
     state: str  # of the kernel process
     wchan: str
     threads: int
+    held: int = 0  # bytes in tmpfs, memfds and the exchange folder, which RSS does not show (held_memory)
+    inotify: int = 0  # inotify instances the tree holds
+
+    @property
+    def memory(self) -> int:
+        """What the memory limits judge: RSS and what the tree holds outside it."""
+        return self.rss + self.held
 
 
 def _wchan(pid: int) -> str:
@@ -84,10 +92,15 @@ SHARED_SCAN_MAX_AGE_S = 0.2  # well under the 500 ms sampling period; see Parent
 
 
 def sample_tree(
-    root_pid: int, clock: Callable[[], float] = time.monotonic, max_age_s: float = SHARED_SCAN_MAX_AGE_S
+    root_pid: int,
+    clock: Callable[[], float] = time.monotonic,
+    max_age_s: float = SHARED_SCAN_MAX_AGE_S,
+    exchange_dir: str | None = None,
+    count_held: bool = True,
 ) -> Sample | None:
     """One reading of ``root_pid`` and its descendants, or None if the root is gone. ``max_age_s``:
-    how old the shared scan of who is whose child may be (0: scan now)."""
+    how old the shared scan of who is whose child may be (0: scan now). ``count_held``: read what
+    the tree holds outside RSS too (the memory limits need it; a CPU reading does not)."""
     try:
         root = psutil.Process(root_pid)
     except psutil.Error:
@@ -97,12 +110,15 @@ def sample_tree(
         with contextlib.suppress(psutil.Error):  # ended since the scan
             procs.append(psutil.Process(pid))
     cpu, rss = 0.0, 0
+    sizes: dict[int, int] = {}
     for proc in procs:
         try:
             with proc.oneshot():
                 times = proc.cpu_times()
                 cpu += times.user + times.system
-                rss += proc.memory_info().rss
+                memory = proc.memory_info()
+                rss += memory.rss
+                sizes[proc.pid] = memory.vms
         except psutil.Error:
             continue
     main = procs[1] if len(procs) > 1 else root  # the kernel is the supervisor's first child
@@ -110,7 +126,8 @@ def sample_tree(
         state, threads = main.status(), main.num_threads()
     except psutil.Error:
         state, threads = "gone", 0
-    return Sample(clock(), cpu, rss, len(procs), state, _wchan(main.pid), threads)
+    held = held_memory.held((p.pid for p in procs), exchange_dir, sizes) if count_held else held_memory.Held()
+    return Sample(clock(), cpu, rss, len(procs), state, _wchan(main.pid), threads, held.bytes, held.inotify)
 
 
 BOOT_FLAT_WINDOW_S = 0.5
@@ -124,11 +141,12 @@ class Observer:
         stall_window_ms: int = 5_000,
         clock: Callable[[], float] = time.monotonic,
         sampler: Callable[[int], Sample | None] | None = None,
+        exchange_dir: str | None = None,
     ) -> None:
         self.root_pid = root_pid
         self.stall_window_s = stall_window_ms / 1000
         self._clock = clock
-        self._sampler = sampler or (lambda pid: sample_tree(pid, clock))
+        self._sampler = sampler or (lambda pid: sample_tree(pid, clock, exchange_dir=exchange_dir))
         self.samples: deque[Sample] = deque(maxlen=256)
         self.ready = False
         self.busy = False
@@ -189,5 +207,6 @@ class Observer:
             return f"observer: {verdict}"
         return (
             f"observer: {verdict}; last sample cpu={last.cpu_s:.2f}s rss={human_bytes(last.rss)} "
-            f"state={last.state} wchan={last.wchan} threads={last.threads} processes={last.processes}"
+            + (f"held outside rss={human_bytes(last.held)} " if last.held else "")
+            + f"state={last.state} wchan={last.wchan} threads={last.threads} processes={last.processes}"
         )

@@ -31,7 +31,7 @@ from jupyter_client.provisioning.local_provisioner import LocalProvisioner
 from traitlets.config import Config
 
 from ivralo_kernel import compat
-from ivralo_kernel.host import prewarm
+from ivralo_kernel.host import prewarm, sandbox_limits
 from ivralo_kernel.host.announce import answer_lost_execution
 from ivralo_kernel.host.broker import BrokerResponder
 from ivralo_kernel.host.channel_relay import ChannelRelay
@@ -46,8 +46,8 @@ from ivralo_kernel.host.kernel_output import relay_output
 from ivralo_kernel.host.kernelspec import SUPERVISOR_MODULE
 from ivralo_kernel.host.prewarm import PER_KERNEL_ENV, SPARE_FLAG, Recipe, Spare, SpareKey, fingerprint
 from ivralo_kernel.host.processes import find_in_tree, host_pid
-from ivralo_kernel.host.sandbox import availability, dotenv_for_kernel, prepare_workspace
-from ivralo_kernel.host.sandbox_launch import SandboxFolder, kernel_connection, sandboxed_command
+from ivralo_kernel.host.sandbox import SandboxUnavailable, choose_bwrap, dotenv_for_kernel, prepare_workspace
+from ivralo_kernel.host.sandbox_launch import SandboxFolder, SandboxStart, kernel_connection, sandboxed_command
 from ivralo_kernel.host.settings import IvraloSettings, config_file_layers
 from ivralo_kernel.host.watchdog import Loss, Watchdog, WatchdogSettings
 from ivralo_kernel.protocol import KernelPolicy, database_env_names, names, scrub
@@ -96,6 +96,9 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
     _replacing = False
     sandboxed = False  # the running kernel lives in a bwrap sandbox
     sandbox_reason = ""  # why not, when it does not
+    bwrap_report = ""  # which bwrap builds it and why (the others passed over), for the banner
+    _sandbox_failed = ""  # bwrap could not build this provisioner's sandbox: later starts fall back at once
+    _fallback_launch: tuple[list[str], dict[str, str]] | None = None  # this launch without bwrap (auto)
     egress_proxy: EgressProxy | None = None
     relay: ChannelRelay | None = None  # clients' channels <-> the sandboxed kernel's ipc sockets
     _kernel_side: dict[str, Any] | None = None  # the kernel's own connection info (inside the sandbox)
@@ -144,6 +147,8 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
             memory_hard_limit_bytes=self.memory_hard_limit_bytes,
             observer_poll_ms=self.observer_poll_ms,
             stall_window_ms=self.stall_window_ms,
+            exchange_dir=self.exchange_dir,
+            inotify_instances_max=sandbox_limits.inotify_instances_allowed(),
         )
 
     async def pre_launch(self, **kwargs: Any) -> dict[str, Any]:
@@ -221,6 +226,8 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
         if bwrap is None:
             env[names.ENV_SANDBOX] = self.sandbox_reason
             return kwargs
+        self._fallback_launch = (list(kwargs["cmd"]), dict(env))  # if bwrap exits without building it
+        self._add_host_note(env, f"OS sandbox built with {self.bwrap_report}")
         kwargs["cmd"] = self._sandboxed(bwrap, policy.workspace, list(kwargs["cmd"]), env)
         return kwargs
 
@@ -228,16 +235,21 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
         """The bwrap to build this kernel's sandbox with, or None (and why, in ``sandbox_reason``)."""
         if self.sandbox == "off":
             bwrap, why = None, "turned off by the host's settings (sandbox='off')"
+        elif self._sandbox_failed:
+            bwrap, why = None, self._sandbox_failed
         else:
-            bwrap, why = availability()
+            choice = choose_bwrap()
+            bwrap, why, self.bwrap_report = choice.path, choice.why, choice.report()
         if bwrap is None and self.sandbox == "required":
-            raise RuntimeError(
-                f"ivralo: this kernel must run in an OS sandbox (sandbox='required'), but {why}. Install "
-                "bubblewrap or allow user namespaces, or set sandbox='auto' to run with the Python guards "
-                "and Landlock only."
-            )
-        self.sandboxed, self.sandbox_reason = bwrap is not None, why
+            raise SandboxUnavailable(_required_but(why))
+        if bwrap is None and self.sandbox == "auto" and why != self.sandbox_reason:  # once per reason
+            self.log.warning("ivralo: this kernel runs without the OS sandbox: %s", why)
+        self.sandboxed, self.sandbox_reason = bwrap is not None, "" if bwrap else why
         return bwrap
+
+    @staticmethod
+    def _add_host_note(env: dict[str, str], line: str) -> None:
+        env[names.ENV_HOST_NOTES] = "\n".join(filter(None, (env.get(names.ENV_HOST_NOTES), line)))
 
     def _sandboxed(self, bwrap: str, workspace: str, cmd: list[str], env: dict[str, str]) -> list[str]:
         folder = self._sandbox_folder
@@ -274,6 +286,8 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
             credential_stores=credential_store_paths(os.environ, self.credential_stores),
             jupyter_runtime_dir=os.path.dirname(connection_file) or None,
             exchange_dir=self.exchange_dir or "",
+            memory_hard_limit_bytes=self.memory_hard_limit_bytes,
+            tmpfs_size_bytes=self.tmpfs_size_bytes,
         )
 
     def _decide_egress(self, host: str, port: int) -> Verdict:
@@ -442,6 +456,50 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
         # Pipes, never the host's own descriptors: code in the kernel could otherwise write, seek or
         # truncate the file the host logs to, or send a terminal's ioctls to the person's terminal.
         kwargs["stdout"] = kwargs["stderr"] = subprocess.PIPE
+        self._launch_args = (list(cmd), compat.popen_kwargs(kwargs))
+        if not self.sandboxed:
+            info = await super().launch_kernel(cmd, **kwargs)
+            relay_output(self.process)
+            return info
+        # bwrap may exit at once (an option it lacks, a mount the OS refuses): the start waits for the
+        # supervisor's first line, which only a built sandbox runs, so that is a clear failure now.
+        start = SandboxStart()
+        try:
+            env = dict(kwargs["env"])
+            pass_fds = start.pass_to(env, tuple(kwargs.get("pass_fds", ())))
+            info = await super().launch_kernel(cmd, **{**kwargs, "env": env, "pass_fds": pass_fds})
+            process = self.process
+            assert process is not None
+            failure = await asyncio.get_running_loop().run_in_executor(None, start.wait, process, cmd[0])
+        finally:
+            start.close()
+        if failure is None:
+            relay_output(self.process)
+            return info
+        return await self._sandbox_not_built(failure, kwargs)
+
+    async def _sandbox_not_built(self, failure: str, kwargs: dict[str, Any]) -> Any:
+        """bwrap exited without building the sandbox: with ``required``, the start fails now, saying
+        why; with ``auto``, the kernel starts at once without it (and so does every restart), the
+        banner saying why."""
+        self.log.warning("ivralo: %s", failure)
+        self.sandboxed = False
+        _discard(self.process)
+        if self.relay is not None:  # it holds the clients' ports: the kernel binds them itself now
+            self.relay.close()
+            self.relay = None
+        self._kernel_side = None
+        if self.sandbox == "required" or self._fallback_launch is None:
+            await self.cleanup(restart=False)
+            self.process = None  # nothing runs: jupyter_client sees no kernel
+            raise SandboxUnavailable(_required_but(failure))
+        if self.egress_proxy is not None:
+            self.egress_proxy.close()
+            self.egress_proxy = None
+        self._sandbox_failed = self.sandbox_reason = failure
+        cmd, env = self._fallback_launch
+        env = {**env, names.ENV_SANDBOX: self.sandbox_reason}
+        kwargs = {**kwargs, "env": env}
         self._launch_args = (list(cmd), compat.popen_kwargs(kwargs))
         info = await super().launch_kernel(cmd, **kwargs)
         relay_output(self.process)
@@ -697,6 +755,27 @@ ADOPTED = (
     "pgid",
     "cwd",
 )
+
+
+def _discard(process: subprocess.Popen[bytes] | None) -> None:
+    """A bwrap that did not build the sandbox: reaped, its pipes closed (it wrote what it had to say)."""
+    if process is None:
+        return
+    with contextlib.suppress(OSError):
+        process.kill()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(timeout=SUPERVISOR_KILL_BUDGET_S)
+    for stream in (process.stdin, process.stdout, process.stderr):
+        if stream is not None:
+            stream.close()
+
+
+def _required_but(why: str) -> str:
+    return (
+        f"ivralo: this kernel must run in an OS sandbox (sandbox='required'), but {why}. Install "
+        "bubblewrap or allow user namespaces, or set sandbox='auto' to run with the Python guards "
+        "and Landlock only."
+    )
 
 
 def _ask_running_execution(watchdog: Watchdog) -> str | None:

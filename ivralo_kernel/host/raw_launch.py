@@ -42,8 +42,14 @@ from ivralo_kernel.host.config_files import config_files
 from ivralo_kernel.host.config_watch import DOTENV, WorkspaceFiles, protected_in_sandbox
 from ivralo_kernel.host.history_ledger import HistoryRecorder
 from ivralo_kernel.host.kernelspec import SUPERVISOR_MODULE
-from ivralo_kernel.host.sandbox import availability, dotenv_for_kernel, prepare_workspace
-from ivralo_kernel.host.sandbox_launch import CHANNELS, SandboxFolder, kernel_connection, sandboxed_command
+from ivralo_kernel.host.sandbox import choose_bwrap, dotenv_for_kernel, prepare_workspace
+from ivralo_kernel.host.sandbox_launch import (
+    CHANNELS,
+    SandboxFolder,
+    SandboxStart,
+    kernel_connection,
+    sandboxed_command,
+)
 from ivralo_kernel.protocol import KernelPolicy, database_env_names, names, scrub
 from ivralo_kernel.protocol.bootstrap import module_argv
 from ivralo_kernel.protocol.processes import from_returncode
@@ -136,15 +142,11 @@ def main(argv: list[str] | None = None) -> int:
     workspace = os.path.realpath(KernelPolicy.from_env(os.environ, os.getcwd()).workspace)
     if setting == "off":
         _fallback(args, workspace, "turned off by the kernelspec (sandbox='off')")
-    bwrap, why = availability()
+    choice = choose_bwrap()  # which bwrap, what it lacks and what is used instead: for the banner
+    bwrap, why = choice.path, choice.why
     if bwrap is None:
         if setting == "required":
-            print(
-                f"ivralo: this kernel must run in an OS sandbox (sandbox='required' in its kernelspec), but "
-                f"{why}. Install bubblewrap or allow user namespaces, or reinstall the kernelspec with "
-                f"--sandbox auto to run with the Python guards and Landlock only.",
-                file=sys.stderr,
-            )
+            print(_required_but(why), file=sys.stderr)
             return 1
         _fallback(args, workspace, why)
 
@@ -153,9 +155,28 @@ def main(argv: list[str] | None = None) -> int:
     client = client_connection(connection_file)
     folder = SandboxFolder.create()
     try:
-        return _run(bwrap, folder, client, connection_file, args, parent, workspace)
+        return _run(bwrap, folder, client, connection_file, args, parent, workspace, choice.report())
+    except SandboxNotBuilt as failure:  # bwrap exited at once: fail now, or run without it now
+        folder.remove()  # before the exec below, which skips the finally
+        if setting == "required":
+            print(_required_but(str(failure)), file=sys.stderr)
+            return 1
+        print(f"ivralo: {failure}", file=sys.stderr)
+        _fallback(args, workspace, str(failure))
     finally:
         folder.remove()
+
+
+class SandboxNotBuilt(RuntimeError):
+    """bwrap exited without building the sandbox; the message is what it said."""
+
+
+def _required_but(why: str) -> str:
+    return (
+        f"ivralo: this kernel must run in an OS sandbox (sandbox='required' in its kernelspec), but "
+        f"{why}. Install bubblewrap or allow user namespaces, or reinstall the kernelspec with "
+        f"--sandbox auto to run with the Python guards and Landlock only."
+    )
 
 
 def _run(
@@ -166,6 +187,7 @@ def _run(
     args: list[str],
     parent: int,
     workspace: str,
+    bwrap_report: str,
 ) -> int:
     inner_file, inner = kernel_connection(client, folder)
     prepare_workspace(workspace)  # .ivralo exists before the sandbox mounts it read-only
@@ -181,6 +203,8 @@ def _run(
     env[names.ENV_HOST_PIPE_FD] = str(life_r)
     inner_args = [*args]
     inner_args[inner_args.index("-f") + 1] = inner_file
+    notes = (env.get(names.ENV_HOST_NOTES), f"OS sandbox built with {bwrap_report}")  # for the banner
+    env[names.ENV_HOST_NOTES] = "\n".join(filter(None, notes))
     command = sandboxed_command(
         bwrap,
         folder,
@@ -198,16 +222,28 @@ def _run(
         signal.signal(signum, lambda *_: None)
     # The kernel starts first: the rest is set up while it boots (its first proxied request, or a
     # message through the relay, is hundreds of milliseconds away).
-    process = subprocess.Popen(
-        command,
-        env=env,
-        cwd=workspace,
-        pass_fds=(life_r,),
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
-    os.close(life_r)
+    start = SandboxStart()
+    pass_fds = start.pass_to(env, (life_r,))
+    try:
+        process = subprocess.Popen(
+            command,
+            env=env,
+            cwd=workspace,
+            pass_fds=pass_fds,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        os.close(life_r)
+        # The supervisor's first line, or bwrap's exit: a sandbox that cannot be built is said now.
+        failure = start.wait(process, bwrap)
+    finally:
+        start.close()
+    if failure is not None:
+        signal.set_wakeup_fd(-1)
+        os.close(life_w)
+        files.end()
+        raise SandboxNotBuilt(failure)
     # Loaded only now: each is tens of milliseconds the kernel's start need not wait for.
     import psutil
 

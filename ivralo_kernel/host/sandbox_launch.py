@@ -12,19 +12,30 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
 import shutil
+import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import IO, Any
 
+from ivralo_kernel.host import sandbox_limits
 from ivralo_kernel.host.closed_paths import WorkspaceClaim
+from ivralo_kernel.host.kernel_output import printable
 from ivralo_kernel.host.sandbox import SandboxPlan, prepare_workspace
-from ivralo_kernel.protocol import names
+from ivralo_kernel.protocol import names, pipe
 
 PROXY_URL = f"http://127.0.0.1:{names.RELAY_PORT}"
 CHANNELS = ("shell", "iopub", "stdin", "control", "hb")
 PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")
+# How long a start waits for the supervisor's "sandbox built" line. bwrap builds the sandbox in
+# milliseconds and the supervisor says so before it imports anything heavy; a machine slower than
+# this is left to the bootstrap budget (the wait ends, the start goes on), never failed here.
+SANDBOX_BUILD_WAIT_S = 15.0
+EXIT_WAIT_S = 2.0  # for bwrap's exit status and the rest of its stderr, once the pipe said it is gone
+STDERR_KEPT = 4000
 
 
 @dataclass(frozen=True)
@@ -100,6 +111,8 @@ def sandboxed_command(
     jupyter_runtime_dir: str | None,
     credential_stores: tuple[str, ...] = (),
     exchange_dir: str = "",
+    memory_hard_limit_bytes: int | None = None,
+    tmpfs_size_bytes: int | None = None,
 ) -> list[str]:
     """``cmd`` wrapped in bwrap; ``env`` gains what the kernel needs inside (its way out)."""
     prepare_workspace(workspace)
@@ -108,6 +121,10 @@ def sandboxed_command(
     env[names.ENV_RELAY_PORT] = str(names.RELAY_PORT)
     env.update(dict.fromkeys(PROXY_VARIABLES, PROXY_URL))
     env["NO_PROXY"] = env["no_proxy"] = ""  # localhost too: the relay knows which one is meant
+    scratch = tmpfs_size_bytes or sandbox_limits.scratch_bytes(memory_hard_limit_bytes)
+    limits = sandbox_limits.namespace_limits(scratch) if sandbox_limits.bwrap_adds_capabilities(bwrap) else ""
+    if limits:
+        env[names.ENV_NAMESPACE_LIMITS] = limits
     plan = SandboxPlan(
         bwrap=bwrap,
         workspace=workspace,
@@ -121,6 +138,9 @@ def sandboxed_command(
         code_trees=_code_trees(cmd[0]),
         credential_store_paths=credential_stores,
         exchange_dir=exchange_dir,
+        scratch_bytes=scratch,
+        namespace_limits=limits,
+        sized_tmpfs=sandbox_limits.bwrap_sizes_tmpfs(bwrap),
     )
     # Each missing closed path gets its placeholder now, on the host, so that argv mounts it read-only.
     claim = folder.claims.get(workspace) or folder.claims.setdefault(workspace, WorkspaceClaim(workspace))
@@ -149,3 +169,81 @@ def _ipython_dir(env: dict[str, str]) -> str:
     with contextlib.suppress(OSError):
         os.makedirs(path, exist_ok=True)
     return path
+
+
+class SandboxStart:
+    """One launch's "sandbox built" pipe (``names.ENV_SANDBOX_UP_FD``): bwrap passes its write end to
+    the supervisor, whose first act is one line on it. EOF before that line means every holder of the
+    write end is gone without the supervisor running: bwrap exited, and its stderr says why."""
+
+    def __init__(self) -> None:
+        self.read_fd, self.write_fd = os.pipe()
+
+    def pass_to(self, env: dict[str, str], pass_fds: tuple[int, ...]) -> tuple[int, ...]:
+        """Give the write end to the launch (its environment names it); returns the new ``pass_fds``."""
+        env[names.ENV_SANDBOX_UP_FD] = str(self.write_fd)
+        return (*pass_fds, self.write_fd)
+
+    def wait(self, process: subprocess.Popen[bytes], bwrap: str, timeout: float = SANDBOX_BUILD_WAIT_S) -> str | None:
+        """After the launch: None once the supervisor runs in its sandbox (or ``timeout`` passed);
+        else why bwrap did not build it, in its own words. Reads bwrap's stderr only then, when
+        nothing of the kernel's can have written to it."""
+        self._close_write_end()
+        deadline = time.monotonic() + timeout
+        said = b""
+        try:
+            while b"\n" not in said:
+                ready, _, _ = select.select([self.read_fd], [], [], max(0.0, deadline - time.monotonic()))
+                if not ready:
+                    return None  # slow, not failed: the bootstrap budget decides
+                chunk = os.read(self.read_fd, 256)
+                if not chunk:
+                    break
+                said += chunk
+        finally:
+            self._close_read_end()
+        if pipe.decode(said.split(b"\n")[0].decode(errors="replace")) == pipe.Stage(names.STAGE_SANDBOX_BUILT):
+            return None
+        try:
+            status: int | None = process.wait(EXIT_WAIT_S)
+        except subprocess.TimeoutExpired:
+            status = None
+        lines = printable(_read_to_end(process.stderr, EXIT_WAIT_S)).splitlines()
+        words = "; ".join(line.strip() for line in lines if line.strip()) or "(it wrote nothing on stderr)"
+        how = f"exited with status {status}" if status is not None else "closed the pipe"
+        return f"bubblewrap ({bwrap}) {how} without building the sandbox: {words[-STDERR_KEPT:]}"
+
+    def close(self) -> None:
+        """Both ends, whatever happened (a launch that raised)."""
+        self._close_write_end()
+        self._close_read_end()
+
+    def _close_read_end(self) -> None:
+        if self.read_fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self.read_fd)
+            self.read_fd = -1
+
+    def _close_write_end(self) -> None:
+        if self.write_fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self.write_fd)
+            self.write_fd = -1
+
+
+def _read_to_end(stream: IO[bytes] | None, timeout: float) -> str:
+    """What is left on a dead process's pipe (a child of it that still holds the write end: cut short)."""
+    if stream is None:
+        return ""
+    fd = stream.fileno()
+    deadline = time.monotonic() + timeout
+    data = b""
+    while len(data) < 65536:
+        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+        if not ready:
+            break
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            break
+        data += chunk
+    return data.decode(errors="replace")

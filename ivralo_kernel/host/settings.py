@@ -198,7 +198,16 @@ class IvraloSettings(Configurable):  # type: ignore[misc]
         None, config=True, help="Tree RSS that earns a warning on the next result, in bytes. None: none."
     )
     memory_hard_limit_bytes = Count(
-        None, config=True, help="Tree RSS at which the tree is killed, in bytes. None: none."
+        None,
+        config=True,
+        help="Tree memory at which the tree is killed, in bytes: RSS and what it holds outside RSS "
+        "(files on its tmpfs mounts, memfds, shared memory). None: none.",
+    )
+    tmpfs_size_bytes = Count(
+        None,
+        config=True,
+        help="The size of each of the sandbox's scratch tmpfs mounts (/tmp, /var/tmp, /dev/shm), in bytes: a "
+        "write beyond it fails with ENOSPC. None: memory_hard_limit_bytes, else an eighth of the machine's memory.",
     )
     rlimit_nofile = Count(None, config=True, help="RLIMIT_NOFILE of the kernel. None: leave the inherited limit.")
     landlock = Flag(

@@ -55,6 +55,10 @@ class WatchdogSettings:
     memory_hard_limit_bytes: int | None = None
     observer_poll_ms: int = 500
     stall_window_ms: int = 5_000
+    exchange_dir: str | None = None  # the data plane's folder on the host's /dev/shm: its files count
+    # The tree's inotify instances above this end it: the fallback's guard (in the sandbox, its user
+    # namespace's own limit refuses them first; see host/sandbox_limits.py). None: not counted.
+    inotify_instances_max: int | None = None
 
 
 class Watchdog:
@@ -96,7 +100,7 @@ class Watchdog:
         self._started = clock()
         self._on_idle = on_idle  # an execution ended (the history recorder's cue)
         self.channels = KernelChannels(connection_info)
-        self.observer = Observer(root_pid, settings.stall_window_ms, clock)
+        self.observer = Observer(root_pid, settings.stall_window_ms, clock, exchange_dir=settings.exchange_dir)
         self.running: OrderedDict[str, dict[str, Any]] = OrderedDict()  # msg_id -> request header
         self._requesters: dict[str, tuple[bytes, ...]] = {}
         self._lock = threading.Lock()
@@ -238,6 +242,12 @@ class Watchdog:
         if sample is None:
             return
         cause = self.memory.check(sample)
+        limit = self.settings.inotify_instances_max
+        if cause is None and limit is not None and sample.inotify > limit:
+            cause = (
+                f"inotify: the kernel's processes held {sample.inotify} inotify instances, above its share of "
+                f"the user's limit ({limit}): the host's own file watchers would fail"
+            )
         if cause is not None:
             self._kill(None, cause)
 

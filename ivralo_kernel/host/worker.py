@@ -19,6 +19,7 @@ from ivralo_kernel.host.dataplane import Exchange
 from ivralo_kernel.host.interpreters import KernelLaunch
 from ivralo_kernel.host.manager import IvraloKernelManager
 from ivralo_kernel.host.processes import tree_of
+from ivralo_kernel.host.sandbox import SandboxUnavailable
 from ivralo_kernel.host.watchdog import Watchdog
 from ivralo_kernel.protocol import WorkerBootstrapError, names
 from ivralo_kernel.protocol.worker_log import last_start_failure
@@ -52,7 +53,11 @@ class Worker:
         launch = settings.launch
         python, env = (launch.python, launch.env()) if launch else (settings.python, None)
         km = IvraloKernelManager.for_settings(python=python, env=env, **settings.provisioner_config())
-        await km.start_kernel(cwd=settings.workspace)
+        try:
+            await km.start_kernel(cwd=settings.workspace)
+        except SandboxUnavailable as exc:  # bwrap's own words are in it; nothing was left running
+            km.cleanup_connection_file()
+            raise WorkerBootstrapError(str(exc)) from None
         kc = km.client()
         kc.start_channels()
         budget_ms = settings.config.bootstrap_timeout_ms

@@ -305,6 +305,12 @@ def main() -> None:
             "supervisor": bool(os.environ.get(names.ENV_SUPERVISOR_PID)),
             "subreaper": supervisor_layers.get("subreaper") == "1",
             "parent_death_signal": supervisor_layers.get("parent_death_signal") == "1",
+            # Set by the supervisor for the sandbox's own namespaces (supervisor/namespace_limits.py).
+            "namespace_limits": (
+                f"{supervisor_layers['namespace_limits']} set (inotify instances and watches, System V IPC)"
+                if supervisor_layers.get("namespace_limits", "0") != "0"
+                else "none (no namespace of the kernel's own: the host's observer counts inotify instances)"
+            ),
             "write_guard": "audit hook",
             "read_guard": "audit hook",
             "trust_gate": "open (trusted folder)" if trusted else "closed (folder not trusted)",

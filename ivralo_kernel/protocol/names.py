@@ -59,6 +59,9 @@ ENV_SUPERVISOR_LAYERS: Final = "IVRALO_SUPERVISOR_LAYERS"  # "subreaper=1,parent
 ENV_PARENT_PID: Final = "JPY_PARENT_PID"
 # The OS sandbox: "bwrap" when the kernel runs inside one, else why not (the fallback's reason).
 ENV_SANDBOX: Final = "IVRALO_SANDBOX"
+# "user/max_inotify_instances=16 kernel/shmall=65536 ...": what the supervisor, the sandbox's
+# namespace root, lowers for its own namespaces before the kernel starts (supervisor/namespace_limits.py)
+ENV_NAMESPACE_LIMITS: Final = "IVRALO_NAMESPACE_LIMITS"
 # Lines the host wants the kernel's banner to show (newline-separated), e.g. a workspace file ignored.
 ENV_HOST_NOTES: Final = "IVRALO_HOST_NOTES"
 # The sandbox setting (auto | required | off) for a raw launch, which reads no provisioner config:
@@ -74,6 +77,13 @@ ENV_HOST_PIPE_FD: Final = "IVRALO_HOST_PIPE_FD"
 # Set by a raw launch's host (never by the kernel): it enforces the deadline as the provisioner does,
 # so the supervisor takes the backstop's arming and disarming from the host's pipe alone.
 ENV_HOST_ENFORCES_DEADLINE: Final = "IVRALO_HOST_ENFORCES_DEADLINE"
+# A pipe's write end the host passes through bwrap: the supervisor's first act is one line on it
+# (PIPE_STAGE + STAGE_SANDBOX_BUILT). EOF before that line means bwrap exited without building the
+# sandbox, and the host fails the start (or falls back) at once, with bwrap's own words.
+ENV_SANDBOX_UP_FD: Final = "IVRALO_SANDBOX_UP_FD"
+# The host's choice of bwrap, made by the person (a path): probed like any other, and the only one tried.
+ENV_BWRAP: Final = "IVRALO_BWRAP"
+STAGE_SANDBOX_BUILT: Final = "sandbox built"
 ENV_RELAY_PORT: Final = "IVRALO_RELAY_PORT"  # where the supervisor offers it on the sandbox's loopback
 # The kernel's exchange folder for the namespace API's data plane (host-made, on tmpfs where there is
 # one): the host creates each segment there; the kernel may write into and unlink what it finds.

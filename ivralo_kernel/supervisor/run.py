@@ -2,6 +2,8 @@
 
 Order of steps, and why each comes where it does:
 
+0. In a sandbox, one line on the host's "sandbox built" pipe: the host's start waits for it, so a
+   bwrap that exits without building the sandbox is a start failure at once, not a missed deadline.
 1. Note our parent, then drop credentials from our own exec-time environment by re-executing
    (``/proc/<pid>/environ`` keeps the block we were started with; deleting keys changes nothing).
 2. Become a child subreaper, so every orphan in the kernel's tree is reparented to us.
@@ -44,6 +46,22 @@ TERM_GRACE_S = 3.0
 PARENT_POLL_S = 0.5
 
 _WATCHED = (signal.SIGCHLD, signal.SIGTERM, signal.SIGQUIT, signal.SIGINT, SIGNAL_KILL_NOW, SIGNAL_PARENT_DIED)
+
+
+def _say_sandbox_built() -> None:
+    """Step 0: tell the host that bwrap built the sandbox and ran us (it waits for this line, or for
+    EOF: bwrap exited first). Once, then closed, before any code of the kernel's can run."""
+    given = os.environ.pop(names.ENV_SANDBOX_UP_FD, "")
+    if not given:
+        return
+    from ivralo_kernel.protocol import pipe
+
+    with contextlib.suppress(ValueError, OSError):
+        fd = int(given)
+        try:
+            os.write(fd, pipe.encode(pipe.Stage(names.STAGE_SANDBOX_BUILT)))
+        finally:
+            os.close(fd)
 
 
 def _reexec_without_secrets(workspace: str) -> None:
@@ -181,6 +199,7 @@ class _StderrRelay:
 
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    _say_sandbox_built()  # step 0
     parent = os.getppid()
     policy = KernelPolicy.from_env(os.environ, os.getcwd())
     workspace = policy.workspace
@@ -190,6 +209,16 @@ def main(argv: list[str] | None = None) -> int:
     subreaper = linux.set_child_subreaper()  # step 2
     death_signal = linux.set_parent_death_signal(SIGNAL_PARENT_DIED)  # step 3
     os.environ[names.ENV_SUPERVISOR_LAYERS] = f"subreaper={int(subreaper)},parent_death_signal={int(death_signal)}"
+    limits = os.environ.pop(names.ENV_NAMESPACE_LIMITS, None)
+    if limits is not None:  # in the sandbox, before anything of the kernel's runs
+        from ivralo_kernel.supervisor import namespace_limits
+
+        try:
+            lowered = namespace_limits.apply(limits)
+        except (namespace_limits.LimitError, ValueError, OSError) as exc:
+            os.write(2, f"ivralo supervisor: cannot set the sandbox's namespace limits: {exc}\n".encode())
+            return 1
+        os.environ[names.ENV_SUPERVISOR_LAYERS] += f",namespace_limits={len(lowered)}"
     if os.getppid() != parent:
         return 1
 
