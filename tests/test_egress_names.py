@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from sandbox_cases import counting_http
 
-from ivralo_kernel.host.egress import cell_question, grant_key
+from ivralo_kernel.host.egress import AGENT_QUESTION, cell_question, grant_key
 from ivralo_kernel.protocol.egress import is_loopback, load_egress_policy
 from ivralo_kernel.protocol.egress_names import (
     LINK_LOCAL,
@@ -135,7 +135,7 @@ def test_the_question_says_what_the_name_means_and_the_port() -> None:
     )
     assert cell_question("localhost", 8888) == "Code in this cell wants to reach localhost, this machine, port 8888"
     assert cell_question("api.example.com", 443) == "Code in this cell wants to reach api.example.com, port 443"
-    assert cell_question("[::ffff:127.0.0.1]", 80, "Code in run_python") == (
+    assert cell_question("[::ffff:127.0.0.1]", 80, AGENT_QUESTION) == (
         "Code in run_python wants to reach 127.0.0.1, this machine, written as ::ffff:127.0.0.1, port 80"
     )
     assert "written as 0177.0.0.1" in cell_question("0177.0.0.1", None)

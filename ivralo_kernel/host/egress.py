@@ -49,7 +49,11 @@ RELAYED_ANSWER = "an answer sent from the kernel counts for nothing: the host as
 log = logging.getLogger(__name__)
 
 
-def cell_question(host: str, port: int | None, asker: str = "Code in this cell") -> str:
+CELL_QUESTION = "Code in this cell wants to reach {meant}"
+AGENT_QUESTION = "Code in run_python wants to reach {meant}"
+
+
+def cell_question(host: str, port: int | None, wording: str = CELL_QUESTION) -> str:
     """The question about ``host:port``, as a person reads it at the cell's input prompt (the README's
     screenshot shows it) or an agent's ``ask`` gets it: what the name means, where that is, how the
     code wrote it, and the port ("127.0.0.1, this machine, written as 2130706433, port 5432")."""
@@ -57,7 +61,7 @@ def cell_question(host: str, port: int | None, asker: str = "Code in this cell")
         meant = normalize(host).describe(port)
     except HostNameError:  # never asked about (refused first); shown escaped all the same
         meant = terminal_safe(host) + (f", port {port}" if port is not None else "")
-    return f"{asker} wants to reach {meant}"
+    return wording.format(meant=meant)
 
 
 def grant_key(target: Target, port: int | None) -> str:
@@ -222,7 +226,7 @@ class EgressDesk:
     def _ask_agent(self, asker: Asker, host: str, port: int | None, reply: Reply, pause: Pause) -> None:
         pause(True)  # the time the person takes does not count against the deadline
         try:
-            choice = asker(cell_question(host, port, "Code in run_python"), self.choices)
+            choice = asker(cell_question(host, port, AGENT_QUESTION), self.choices)
         except Exception as exc:  # noqa: BLE001 - a failing callback is a "no", never a hang
             log.warning("ivralo: the ask callback failed (%s); refusing %s", terminal_safe(str(exc)), host)
             choice = "no"
