@@ -12,6 +12,7 @@ import sys
 PR_SET_PDEATHSIG = 1
 PR_SET_DUMPABLE = 4
 PR_SET_CHILD_SUBREAPER = 36
+KEYCTL_JOIN_SESSION_KEYRING = 1
 
 _libc: ctypes.CDLL | None
 try:
@@ -41,3 +42,11 @@ def set_not_dumpable() -> bool:
     """No process of the same user (the kernel, in the sandbox) may ptrace us or read or write our
     memory: the deadline's backstop and the host's pipe live here. (The kernel's exec resets it.)"""
     return prctl(PR_SET_DUMPABLE, 0)
+
+
+def leave_the_session_keyring(keyctl_nr: int) -> bool:
+    """Join a new, empty session keyring: the kernel's tree no longer holds the person's (whose keys
+    it could otherwise search and read by possession)."""
+    if _libc is None:
+        return False
+    return int(_libc.syscall(keyctl_nr, KEYCTL_JOIN_SESSION_KEYRING, None)) >= 0
