@@ -124,3 +124,47 @@ def test_outside_a_container_doctor_says_nothing_of_one(tmp_path: Path) -> None:
     (empty / "proc" / "1" / "cgroup").write_text("0::/kubepods/besteffort/pod1234/abcd\n")
     found = detect({ENV_CONTAINER_ROOT: str(empty)})
     assert found is not None and found.runtime == "Kubernetes"
+
+
+def test_the_tailored_seccomp_profile_allows_what_the_userns_emulation_allows() -> None:
+    """deploy/container/make_seccomp_profile.py adds to Docker's default exactly what docker-userns
+    allows beyond docker-default (so the test above, under docker-userns, shows that profile works)."""
+    import importlib.util
+
+    import container
+
+    path = Path(__file__).resolve().parents[1] / "deploy" / "container" / "make_seccomp_profile.py"
+    spec = importlib.util.spec_from_file_location("make_seccomp_profile", path)
+    assert spec is not None and spec.loader is not None
+    maker = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(maker)
+    without_admin = {"excludes": {"caps": ["CAP_SYS_ADMIN"]}}
+    default = {  # the shape of Docker's default profile: the rules that matter here
+        "defaultAction": "SCMP_ACT_ERRNO",
+        "syscalls": [
+            {"names": ["read", "write"], "action": "SCMP_ACT_ALLOW"},
+            {
+                "names": ["mount", "unshare", "setns", "clone"],
+                "action": "SCMP_ACT_ALLOW",
+                "includes": {"caps": ["CAP_SYS_ADMIN"]},
+            },
+            {
+                "names": ["clone"],
+                "action": "SCMP_ACT_ALLOW",
+                "args": [{"index": 0, "value": 2114060288}],
+                **without_admin,
+            },
+            {"names": ["clone3"], "action": "SCMP_ACT_ERRNO", "errnoRet": 38, **without_admin},
+            {"names": ["bpf"], "action": "SCMP_ACT_ALLOW", "includes": {"caps": ["CAP_BPF"]}},
+        ],
+    }
+    rules = maker.tailored(default)["syscalls"]
+    unconditional = {
+        n
+        for r in rules
+        if r["action"] == "SCMP_ACT_ALLOW" and set(r) <= {"names", "action", "comment"}
+        for n in r["names"]
+    }
+    assert set(container.NAMESPACE_CALLS) | {"clone", "clone3"} <= unconditional
+    assert not any(r["action"] == "SCMP_ACT_ERRNO" for r in rules), "clone3 would still answer ENOSYS"
+    assert not unconditional & set(container.ALWAYS_REFUSED), "the profile allows what every container is refused"
