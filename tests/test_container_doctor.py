@@ -13,7 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from container import run
+from container import command, run
+from jupyter_client.kernelspec import KernelSpec, KernelSpecManager
+from sandbox_cases import sh
+from test_vscode_launch import raw_launch
 
 from ivralo_kernel.protocol.container import ENV_CONTAINER_ROOT
 
@@ -168,3 +171,26 @@ def test_the_tailored_seccomp_profile_allows_what_the_userns_emulation_allows() 
     assert set(container.NAMESPACE_CALLS) | {"clone", "clone3"} <= unconditional
     assert not any(r["action"] == "SCMP_ACT_ERRNO" for r in rules), "clone3 would still answer ENOSYS"
     assert not unconditional & set(container.ALWAYS_REFUSED), "the profile allows what every container is refused"
+
+
+@pytest.mark.parametrize("profile", ["docker-default", "docker-userns"])
+def test_vs_code_s_raw_launch_in_a_pod_says_and_does_the_same(profile: str, workspace: Path, tmp_path: Path) -> None:
+    """Must 5: kernel.json's argv run as VS Code runs it, in the emulated pod: with the defaults the
+    banner names the pod's settings (no sysctl) and the gap is real; with them, the hook is refused."""
+    spec = KernelSpecManager().get_kernel_spec("ivralo")
+    pod = KernelSpec(**{**spec.to_dict(), "argv": command(profile, spec.argv)})
+    pod.env = {**spec.env, "KUBERNETES_SERVICE_HOST": "127.0.0.1"}
+    with raw_launch(workspace, tmp_path, spec=pod) as kernel:
+        kernel.client.kernel_info()
+        info = kernel.client.get_shell_msg(timeout=30)["content"]["ivralo"]
+        sh(kernel.client, GIT_WRITE)
+    hook = workspace / ".git" / "hooks" / "pre-commit"
+    fallback = [n for n in info["notes"] if n.startswith("no OS sandbox")]
+    if profile == "docker-userns":
+        assert not fallback and info["layers"]["sandbox"].startswith("bwrap"), info["notes"]
+        assert not hook.exists(), f"a shell in the kernel wrote {hook}"
+        return
+    (note,) = fallback
+    assert "hostUsers: false" in note and "procMount: Unmasked" in note and ".git/" in note, note
+    assert not any(word in note for word in HOST_ADVICE), note
+    assert hook.exists(), "the fallback's named gap (a git hook written by a shell) is not what it says"
