@@ -2,7 +2,7 @@
 default profile (``docker info`` names it; the file is moby's profiles/seccomp/default.json) with the
 syscalls the sandbox needs allowed to a container without CAP_SYS_ADMIN.
 
-    python deploy/container/make_seccomp_profile.py default.json > deploy/container/ivralo-seccomp.json
+    python deploy/container/make_seccomp_profile.py default.json > ivralo-seccomp.json
 
 The change, as a diff of the JSON: the rules that allow ``clone`` only without namespace flags and
 answer ENOSYS to ``clone3`` (for a container without CAP_SYS_ADMIN) are removed, and one rule is

@@ -68,7 +68,7 @@ def _sandbox_row(layers: dict[str, Any]) -> tuple[str, bool, str, str]:
     )
     inside = container.detect()
     if inside is not None and not choice.path:  # the container's settings refuse it, not a sysctl here
-        detail = container.without_host_advice(detail) + f". {inside.gaps()}"
+        detail = container.without_host_advice(detail) + f". {inside.gaps(str(layers.get('not_stopped', '')))}"
         fix = inside.advice() + "."
     return "OS sandbox", False, detail, fix
 

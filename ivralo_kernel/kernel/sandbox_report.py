@@ -62,4 +62,4 @@ def fallback_note(mode: str) -> str:
     inside = container.detect()  # a hint only: the settings that close these gaps where it runs
     if inside is None:
         return note
-    return f"{note} {inside.advice()}. {inside.gaps()}."
+    return f"{note} {inside.advice()}. {inside.gaps(FALLBACK_GAPS)}."

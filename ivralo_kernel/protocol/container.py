@@ -28,7 +28,8 @@ ENV_CONTAINER_ROOT = "IVRALO_CONTAINER_ROOT"
 DOCKER, PODMAN, KUBERNETES, OTHER = "Docker", "Podman", "Kubernetes", "a container runtime"
 CGROUP_MARKS: tuple[tuple[str, str], ...] = (("kubepods", KUBERNETES), ("libpod", PODMAN), ("docker", DOCKER))
 CGROUP_MARKS += (("crio", KUBERNETES), ("containerd", OTHER))
-SECCOMP_FILE = "deploy/container/ivralo-seccomp.json"  # made by deploy/container/make_seccomp_profile.py
+SECCOMP_FILE = "ivralo-seccomp.json"
+SECCOMP_MADE = f"{SECCOMP_FILE}, which deploy/container/make_seccomp_profile.py makes from Docker's default"
 DOCS = "docs/remote.md, 'Containers: the full sandbox'"
 
 # What each runtime needs so that bwrap can build the sandbox: a seccomp profile that allows user
@@ -46,20 +47,33 @@ SETTINGS = {
     ),
     KUBERNETES: (
         "the pod's spec.hostUsers: false, and the container's securityContext procMount: Unmasked, "
-        f"seccompProfile {{type: Localhost, localhostProfile: ivralo-seccomp.json}} ({SECCOMP_FILE} "
-        "on each node) and appArmorProfile {type: Unconfined}"
+        f"seccompProfile {{type: Localhost, localhostProfile: {SECCOMP_FILE}}} (in each node's "
+        "/var/lib/kubelet/seccomp/) and appArmorProfile {type: Unconfined}"
     ),
 }
 SETTINGS[OTHER] = f"where the container is started, as for Docker: {SETTINGS[DOCKER]}"
 
-# Each gap of the fallback (sandbox_report's ``not_stopped``), and the part of the full sandbox that
-# closes it once the settings above let bwrap build it.
-GAP_CLOSERS = (
-    (".git/, .ivralo/ and .env inside the workspace", "read-only and covered mounts (user and mount namespaces)"),
-    ("unix sockets of the machine (tmux, docker.sock, ssh-agent)", "an empty /tmp, /run and runtime folder"),
-    ("direct network connections", "a network namespace of its own, egress only through the host's proxy"),
-    ("credential stores and files outside the workspace", "a mount table without them"),
-    ("other processes and their environments", "a pid namespace and a fresh /proc (the unmasked /proc)"),
+# Each gap the fallback can have, the words that name it in sandbox_report's ``not_stopped`` (any of
+# them), and the part of the full sandbox that closes it once the settings above let bwrap build it.
+# Only the gaps ``not_stopped`` names are listed: a gap the fallback itself closes drops out.
+GAP_CLOSERS: tuple[tuple[tuple[str, ...], str, str], ...] = (
+    ((".git", ".env"), ".git/, .ivralo/ and .env inside the workspace", "read-only and covered mounts"),
+    (
+        ("unix socket",),
+        "unix sockets of the machine (tmux, docker.sock, ssh-agent)",
+        "an empty /tmp, /run and runtime folder",
+    ),
+    (
+        ("network",),
+        "direct network connections",
+        "a network namespace of its own, egress only through the host's proxy",
+    ),
+    (("credential",), "credential stores and files outside the workspace", "a mount table without them"),
+    (
+        ("environments", "other processes"),
+        "other processes and their environments",
+        "a pid namespace and a fresh /proc",
+    ),
 )
 
 
@@ -79,13 +93,14 @@ class Container:
         return (
             f"In this container ({self.runtime}: {self.signal}) user namespaces and mount are refused by the "
             f"container's own settings, not by this machine's kernel: for the full sandbox, start it with "
-            f"{self.settings} ({DOCS})"
+            f"{self.settings} ({SECCOMP_MADE}; {DOCS})"
         )
 
-    def gaps(self) -> str:
-        """Each gap of the fallback with what closes it, once the settings are given."""
-        closed = "; ".join(f"{gap}: {closer}" for gap, closer in GAP_CLOSERS)
-        return f"Each gap closes with the full sandbox, given {self.runtime}'s settings above: {closed}"
+    def gaps(self, not_stopped: str) -> str:
+        """Each gap ``not_stopped`` names, with what closes it once the settings are given."""
+        named = [(gap, closer) for words, gap, closer in GAP_CLOSERS if any(w in not_stopped for w in words)]
+        closed = "; ".join(f"{gap}: {closer}" for gap, closer in named) or "every one"
+        return f"With {self.runtime}'s settings above, the full sandbox closes each gap: {closed}"
 
 
 def _read(path: Path) -> str:
