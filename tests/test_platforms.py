@@ -31,7 +31,7 @@ def test_each_entry_point_says_ivralo_needs_linux(platform: str, system: str, en
     assert done.returncode == 2, (entry, done)
     assert "Traceback" not in done.stderr, done.stderr
     (line,) = done.stderr.strip().splitlines()
-    assert line.startswith("ivralo-kernel needs Linux") and f"this is {system}" in line, line
+    assert line.startswith("ivralo needs Linux") and f"this is {system}" in line, line
     assert "WSL2" in line and "Linux container" in line, line
     assert not list(tmp_path.iterdir()), "something was written before the platform was checked"
 
@@ -43,7 +43,7 @@ def test_jupyter_loading_the_provisioner_gets_the_same_sentence(tmp_path: Path) 
     )
     done = _as("darwin", code, tmp_path)
     assert done.returncode == 3, done
-    assert done.stdout.startswith("ivralo-kernel needs Linux") and "WSL2" in done.stdout, done.stdout
+    assert done.stdout.startswith("ivralo needs Linux") and "WSL2" in done.stdout, done.stdout
 
 
 def test_on_linux_nothing_is_said(tmp_path: Path) -> None:

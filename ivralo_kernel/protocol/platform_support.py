@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 
 NEEDS_LINUX = (
-    "ivralo-kernel needs Linux (user namespaces, Landlock and seccomp guard its kernels) and this is {system}: "
+    "ivralo needs Linux (user namespaces, Landlock and seccomp guard its kernels) and this is {system}: "
     "run Jupyter with ivralo inside WSL2 on Windows, or in a Linux container (Docker, Podman) on macOS "
     "or Windows (docs/security.md, 'Platforms')."
 )
