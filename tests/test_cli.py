@@ -173,11 +173,14 @@ def test_doctor_reports_each_mechanism(
         "subreaper",
         "parent-death signal",
         "core dumps",
+        "seccomp",
+        "unix sockets",
         "credential broker",
     }
     for check in report["checks"]:  # a missing mechanism always comes with a next step
         assert check["status"] == "ok" or check["next_step"], check
     assert by_name["subreaper"]["status"] == by_name["parent-death signal"]["status"] == "ok"
+    assert by_name["seccomp"]["status"] == by_name["unix sockets"]["status"] == "ok", by_name["seccomp"]
     sandbox = by_name["OS sandbox"]  # used by default where it can be built (here, and on CI)
     assert sandbox["status"] == "ok", sandbox
     assert sandbox["detail"].startswith("bwrap: user, mount, pid, ipc, uts, net and cgroup namespaces"), sandbox

@@ -96,8 +96,10 @@ def test_with_docker_defaults_doctor_names_dockers_settings_not_a_sysctl(tmp_pat
         assert setting in check["next_step"], check
     text = json.dumps(report)
     assert not any(word in text for word in HOST_ADVICE), [c for c in report["checks"] if "sysctl" in json.dumps(c)]
-    for gap in (".git/", ".env", "unix sockets"):
-        assert gap in check["detail"], check
+    closers = check["detail"].partition("the full sandbox closes each gap: ")[2]
+    for gap in (".git/", ".env"):  # each gap not_stopped names, with what closes it
+        assert gap in closers, check
+    assert ("unix sockets" in closers) == ("unix socket" in report["kernel"]["layers"]["not_stopped"]), check
 
 
 def test_in_a_pod_with_defaults_the_banner_names_each_gap_with_the_pods_settings(tmp_path: Path) -> None:

@@ -122,6 +122,19 @@ def _checks(info: dict[str, Any]) -> list[dict[str, str]]:
             "prctl(PR_SET_PDEATHSIG) failed: run on Linux.",
         ),
         ("core dumps", layers.get("core_dumps") is False, "RLIMIT_CORE = 0: a crash never writes memory to disk", ""),
+        (
+            "seccomp",
+            "installed by" in str(layers.get("seccomp", "")),
+            str(layers.get("seccomp", "unknown")),
+            "Run on x86_64 or aarch64 Linux with seccomp (CONFIG_SECCOMP_FILTER); in a container, a runtime "
+            "profile that allows seccomp(2) and prctl(PR_SET_NO_NEW_PRIVS).",
+        ),
+        (
+            "unix sockets",
+            str(layers.get("unix_sockets", "")).startswith("closed"),
+            str(layers.get("unix_sockets", "unknown")) + ": no socket of this machine (tmux, agents, daemons) answers",
+            "The same as for seccomp: the filter that closes them is a seccomp filter.",
+        ),
     ]
     return [
         {"mechanism": name, "status": "ok" if ok else "missing", "detail": detail, "next_step": "" if ok else fix}

@@ -229,6 +229,8 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
         self._fallback_launch = (list(kwargs["cmd"]), dict(env))  # if bwrap exits without building it
         self._add_host_note(env, f"OS sandbox built with {self.bwrap_report}")
         kwargs["cmd"] = self._sandboxed(bwrap, policy.workspace, list(kwargs["cmd"]), env)
+        if self._sandbox_folder is not None:  # bwrap reads its seccomp filter from this one
+            kwargs["pass_fds"] = (*kwargs["pass_fds"], *self._sandbox_folder.rewind_seccomp())
         return kwargs
 
     def _choose_sandbox(self) -> str | None:
@@ -456,6 +458,8 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
         # Pipes, never the host's own descriptors: code in the kernel could otherwise write, seek or
         # truncate the file the host logs to, or send a terminal's ioctls to the person's terminal.
         kwargs["stdout"] = kwargs["stderr"] = subprocess.PIPE
+        if self._sandbox_folder is not None:
+            self._sandbox_folder.rewind_seccomp()
         self._launch_args = (list(cmd), compat.popen_kwargs(kwargs))
         if not self.sandboxed:
             info = await super().launch_kernel(cmd, **kwargs)
@@ -580,6 +584,8 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
                 self._sandbox_folder.clear_kernel_sockets()
             elif self.parent is not None:
                 self.parent.cleanup_ipc_files()
+            if self._sandbox_folder is not None:
+                self._sandbox_folder.rewind_seccomp()  # bwrap reads its filter again
             env = dict(kwargs.get("env") or os.environ)
             env[names.ENV_REPLACEMENT] = "1"  # it holds requests until its IOPub subscribers are back
             compat.adopt_process(self, launch_kernel(cmd, **{**kwargs, "env": env}))

@@ -206,7 +206,7 @@ def _run(
     # The kernel starts first: the rest is set up while it boots (its first proxied request, or a
     # message through the relay, is hundreds of milliseconds away).
     start = SandboxStart()
-    pass_fds = start.pass_to(env, (life_r,))
+    pass_fds = start.pass_to(env, (life_r, *folder.rewind_seccomp()))
     try:
         process = subprocess.Popen(
             command,

@@ -65,6 +65,7 @@ BWRAP_REQUIRED = (
     # every process in the sandbox. Without it bwrap's own init waits for the last process: required.
     "--as-pid-1",
     "--cap-add",  # 0.2.0
+    "--cap-drop",  # 0.2.0
     "--new-session",  # 0.1.7: a session of its own, no terminal to type into (TIOCSTI)
     "--seccomp",  # 0.1.2
     "--ro-bind",
@@ -422,6 +423,8 @@ class SandboxPlan:
     # gives the supervisor CAP_SYS_RESOURCE, which it drops before the kernel starts.
     namespace_limits: str = ""
     sized_tmpfs: bool = False  # this bwrap has --size (host/sandbox_limits.bwrap_sizes_tmpfs)
+    # A descriptor bwrap reads the seccomp filter from (passed to it by the launch), or None.
+    seccomp_fd: int | None = None
 
     def hidden(self) -> list[str]:
         """Existing folders whose content the sandbox must not see (empty inside), wherever they
@@ -568,9 +571,20 @@ class SandboxPlan:
         # workspace, then the workspace, then what is closed or emptied inside it, then the few
         # paths that must show through all of that (the kernel's own files).
         a = [self.bwrap, "--unshare-all", "--as-pid-1", "--ro-bind", "/", "/"]
+        # A session of its own: no terminal to push keystrokes into (TIOCSTI) from inside.
+        a += ["--new-session"]
+        if self.seccomp_fd is not None:  # loaded after the sandbox is built, before the supervisor runs
+            a += ["--seccomp", str(self.seccomp_fd)]
         a += ["--dev", "/dev", "--proc", "/proc"]
+        # No capability inside, for root's sandbox too (everybody else's bwrap keeps none): with
+        # CAP_SYS_ADMIN in its user namespace a process could unmount a read-only mount (.git) and
+        # write what it covered. Then only what the supervisor needs, which it drops itself.
+        a += ["--cap-drop", "ALL"]
         if self.namespace_limits:
-            a += ["--cap-add", "CAP_SYS_RESOURCE"]  # the supervisor's, for its namespace limits alone
+            # The supervisor's, for its namespace limits alone; CAP_SETPCAP to drop it from the bounding set.
+            a += ["--cap-add", "CAP_SYS_RESOURCE", "--cap-add", "CAP_SETPCAP"]
+        # The person's keys are listed there by name (the filter refuses keyctl, so not by content).
+        a += ["--ro-bind", self.empty_file, "/proc/keys", "--ro-bind", self.empty_file, "/proc/key-users"]
         hidden, stores = self.hidden(), self.credential_stores()
         for path in [*hidden, *stores]:
             if not _inside(path, self.workspace):

@@ -25,7 +25,7 @@ from ivralo_kernel.host import sandbox_limits
 from ivralo_kernel.host.closed_paths import WorkspaceClaim
 from ivralo_kernel.host.kernel_output import printable
 from ivralo_kernel.host.sandbox import SandboxPlan, prepare_workspace
-from ivralo_kernel.protocol import names, pipe
+from ivralo_kernel.protocol import names, pipe, seccomp
 
 PROXY_URL = f"http://127.0.0.1:{names.RELAY_PORT}"
 CHANNELS = ("shell", "iopub", "stdin", "control", "hb")
@@ -41,6 +41,9 @@ STDERR_KEPT = 4000
 @dataclass(frozen=True)
 class SandboxFolder:
     root: str
+    # The seccomp filter bwrap loads (``--seccomp FD``), in a memfd passed to each launch; -1 where
+    # no filter can be built for this machine (the supervisor then says so).
+    seccomp_fd: int = -1
     # This kernel's hold on each workspace's placeholders, given up when the folder is removed (the
     # kernel has ended by then, and the last one out removes them).
     claims: dict[str, WorkspaceClaim] = field(default_factory=dict, compare=False, hash=False)
@@ -49,7 +52,7 @@ class SandboxFolder:
     def create(cls) -> SandboxFolder:
         root = tempfile.mkdtemp(prefix="ivralo-")  # short: a socket's sun_path holds 107 bytes
         os.makedirs(os.path.join(root, "run"), mode=0o700)
-        folder = cls(root)
+        folder = cls(root, _seccomp_program_fd())
         with open(folder.empty_file, "w", encoding="utf-8"):
             pass
         os.chmod(folder.empty_file, 0o444)
@@ -78,10 +81,33 @@ class SandboxFolder:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(f"{self.kernel_ip}-{number}")
 
+    def rewind_seccomp(self) -> tuple[int, ...]:
+        """The fds a launch passes on: bwrap reads the filter to its end, and every launch of this
+        folder's kernel (a restart, a replacement) shares the one file offset."""
+        if self.seccomp_fd < 0:
+            return ()
+        os.lseek(self.seccomp_fd, 0, os.SEEK_SET)
+        return (self.seccomp_fd,)
+
     def remove(self) -> None:
+        if self.seccomp_fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self.seccomp_fd)
         shutil.rmtree(self.root, ignore_errors=True)
         while self.claims:
             self.claims.popitem()[1].release()
+
+
+def _seccomp_program_fd() -> int:
+    arch = seccomp.this_arch()
+    if arch is None:
+        return -1
+    try:
+        fd = os.memfd_create("ivralo-seccomp", os.MFD_CLOEXEC)  # passed on by pass_fds alone
+    except OSError:  # a container's profile may refuse memfd_create: the supervisor installs it then
+        return -1
+    os.write(fd, seccomp.base_filter(arch))
+    return fd
 
 
 def kernel_connection(client: dict[str, Any], folder: SandboxFolder) -> tuple[str, dict[str, Any]]:
@@ -117,6 +143,8 @@ def sandboxed_command(
     """``cmd`` wrapped in bwrap; ``env`` gains what the kernel needs inside (its way out)."""
     prepare_workspace(workspace)
     env[names.ENV_SANDBOX] = names.SANDBOX_BWRAP
+    if folder.seccomp_fd >= 0:
+        env[names.ENV_SECCOMP_BY_BWRAP] = "1"
     env[names.ENV_EGRESS_SOCKET] = folder.egress_socket
     env[names.ENV_RELAY_PORT] = str(names.RELAY_PORT)
     env.update(dict.fromkeys(PROXY_VARIABLES, PROXY_URL))
@@ -141,6 +169,7 @@ def sandboxed_command(
         scratch_bytes=scratch,
         namespace_limits=limits,
         sized_tmpfs=sandbox_limits.bwrap_sizes_tmpfs(bwrap),
+        seccomp_fd=folder.seccomp_fd if folder.seccomp_fd >= 0 else None,
     )
     # Each missing closed path gets its placeholder now, on the host, so that argv mounts it read-only.
     claim = folder.claims.get(workspace) or folder.claims.setdefault(workspace, WorkspaceClaim(workspace))

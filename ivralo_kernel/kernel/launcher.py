@@ -38,8 +38,9 @@ from ivralo_kernel.kernel.broker_client import BROKER
 from ivralo_kernel.kernel.egress_judge import egress_judge
 from ivralo_kernel.kernel.launch_state import STATE
 from ivralo_kernel.kernel.mounts import read_only_mounts_inside
-from ivralo_kernel.kernel.sandbox_report import SANDBOX_DIRECT_REFUSAL, fallback_note, sandbox_layers
+from ivralo_kernel.kernel.sandbox_report import SANDBOX_DIRECT_REFUSAL, fallback_note, sandbox_layers, seccomp_report
 from ivralo_kernel.kernel.stages import SupervisorPipe, write_failure
+from ivralo_kernel.kernel.unix_sockets import close_unix_sockets
 from ivralo_kernel.protocol import KernelPolicy, audience, default_memory_limit, names
 from ivralo_kernel.protocol.closed_names import TOOL_FILES_DEFAULT
 from ivralo_kernel.protocol.credentials import config_home, credential_store_paths, home_config_inside
@@ -311,6 +312,7 @@ def main() -> None:
                 if supervisor_layers.get("namespace_limits", "0") != "0"
                 else "none (no namespace of the kernel's own: the host's observer counts inotify instances)"
             ),
+            "seccomp": seccomp_report(supervisor_layers.get("seccomp", "")),
             "write_guard": "audit hook",
             "read_guard": "audit hook",
             "trust_gate": "open (trusted folder)" if trusted else "closed (folder not trusted)",
@@ -338,6 +340,10 @@ def main() -> None:
         if not sandboxed:
             STATE.notes.append(fallback_note(os.environ.get(names.ENV_SANDBOX, "")))
         app = _build_app()  # step 6
+        # Its Jupyter sockets are bound: from here on no new unix socket, for it and its tree.
+        unix_sockets = STATE.layers["unix_sockets"] = close_unix_sockets(app)
+        if not unix_sockets.startswith("closed"):
+            STATE.notes.append(f"unix sockets of this machine are reachable from the kernel: {unix_sockets}")
         file_guard.starting = False  # from here on, the kernel's own folders are closed too
         STATE.network.starting = False
         if trusted:

@@ -20,9 +20,8 @@ EGRESS_LAYER = (
 )
 FALLBACK_GAPS = (
     "a subprocess or ctypes can reach the network directly, write .git/ and .ivralo/ inside the "
-    "workspace, read .env, credential stores (~/.ssh, ~/.aws, ...) and files outside it, and connect "
-    "to unix sockets (tmux, docker.sock, "
-    "ssh-agent); run as root, it can read other processes' environments"
+    "workspace, read .env, credential stores (~/.ssh, ~/.aws, ...) and files outside it; run as "
+    "root, it can read other processes' environments"
 )
 SANDBOX_DIRECT_REFUSAL = (
     "ivralo network guard: {host} cannot be reached by a direct connection: this kernel runs in "
@@ -63,3 +62,19 @@ def fallback_note(mode: str) -> str:
     if inside is None:
         return note
     return f"{note} {inside.advice()}. {inside.gaps(FALLBACK_GAPS)}."
+
+
+SECCOMP_LAYER = (
+    "io_uring, keyrings, bpf, perf events, userfaultfd, AF_VSOCK, new namespaces and mounts, ptrace and "
+    "other processes' memory, kernel modules, TIOCSTI/TIOCLINUX refused (EPERM; clone3: ENOSYS)"
+)
+
+
+def seccomp_report(installed_by: str) -> str:
+    """What the layer report says of the base filter, from the supervisor's word and this process's
+    own status (a filter the supervisor thinks it installed but this process lacks is not there)."""
+    from ivralo_kernel.protocol.seccomp import filters_in_force
+
+    if installed_by in ("bwrap", "supervisor") and filters_in_force() > 0:
+        return f"{SECCOMP_LAYER}; installed by {installed_by}"
+    return installed_by or "none: started without the supervisor"

@@ -62,6 +62,8 @@ ENV_SANDBOX: Final = "IVRALO_SANDBOX"
 # "user/max_inotify_instances=16 kernel/shmall=65536 ...": what the supervisor, the sandbox's
 # namespace root, lowers for its own namespaces before the kernel starts (supervisor/namespace_limits.py)
 ENV_NAMESPACE_LIMITS: Final = "IVRALO_NAMESPACE_LIMITS"
+# Set by the host when it gave bwrap the base seccomp filter (``--seccomp``): the supervisor installs it otherwise.
+ENV_SECCOMP_BY_BWRAP: Final = "IVRALO_SECCOMP_BY_BWRAP"
 # Lines the host wants the kernel's banner to show (newline-separated), e.g. a workspace file ignored.
 ENV_HOST_NOTES: Final = "IVRALO_HOST_NOTES"
 # The sandbox setting (auto | required | off) for a raw launch, which reads no provisioner config:

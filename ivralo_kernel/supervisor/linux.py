@@ -11,6 +11,7 @@ import sys
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
+KEYCTL_JOIN_SESSION_KEYRING = 1
 
 _libc: ctypes.CDLL | None
 try:
@@ -34,3 +35,11 @@ def set_child_subreaper() -> bool:
 def set_parent_death_signal(signum: int) -> bool:
     """Ask the kernel of the OS to send ``signum`` when our parent (thread) exits."""
     return prctl(PR_SET_PDEATHSIG, signum)
+
+
+def leave_the_session_keyring(keyctl_nr: int) -> bool:
+    """Join a new, empty session keyring: the kernel's tree no longer holds the person's (whose keys
+    it could otherwise search and read by possession)."""
+    if _libc is None:
+        return False
+    return int(_libc.syscall(keyctl_nr, KEYCTL_JOIN_SESSION_KEYRING, None)) >= 0

@@ -34,6 +34,10 @@ ALLOWED = frozenset(
     }
 )
 CAP_SYS_RESOURCE = 24
+# bwrap gives every other capability up (``--cap-drop ALL``), this one with CAP_SYS_RESOURCE: dropping
+# a capability from the bounding set takes it. It goes last, and the same way.
+CAP_SETPCAP = 8
+GIVEN = (CAP_SYS_RESOURCE, CAP_SETPCAP)
 PR_CAPBSET_DROP = 24
 PR_CAP_AMBIENT = 47
 PR_CAP_AMBIENT_CLEAR_ALL = 4
@@ -79,25 +83,27 @@ def apply(text: str) -> list[str]:
 
 
 def drop_resource_capability() -> None:
-    """CAP_SYS_RESOURCE out of the ambient and bounding sets (so no exec regains it, as root in the
-    namespace would from the bounding set) and out of our own sets."""
+    """CAP_SYS_RESOURCE (and CAP_SETPCAP, which dropping it takes) out of the ambient and bounding
+    sets (so no exec regains them, as root in the namespace would from the bounding set) and out of
+    our own sets."""
     libc = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
     if libc is None:
         raise LimitError("not Linux: no capability to drop")
     libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
-    # EPERM without CAP_SETPCAP (an unprivileged user's sandbox): then no exec can regain it either,
+    # EPERM without CAP_SETPCAP (an unprivileged user's sandbox): then no exec can regain them either,
     # since a user other than root gets only ambient capabilities across exec.
-    dropped = libc.prctl(PR_CAPBSET_DROP, CAP_SYS_RESOURCE, 0, 0, 0) == 0
+    for cap in GIVEN:  # CAP_SETPCAP last: each drop needs it
+        libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)
     header = _CapHeader(_CAP_VERSION_3, 0)
     data = (_CapData * 2)()
     if libc.capget(ctypes.byref(header), data) != 0:
         raise LimitError(f"capget failed (errno {ctypes.get_errno()})")
-    bit = 1 << CAP_SYS_RESOURCE
+    bits = sum(1 << cap for cap in GIVEN)
     for field in ("effective", "permitted", "inheritable"):
-        setattr(data[0], field, getattr(data[0], field) & ~bit)
+        setattr(data[0], field, getattr(data[0], field) & ~bits)
     if libc.capset(ctypes.byref(header), data) != 0:
         raise LimitError(f"capset failed (errno {ctypes.get_errno()})")
-    if not dropped and _in_bounding_set() and os.getuid() == 0:
+    if _in_bounding_set() and os.getuid() == 0:
         raise LimitError("CAP_SYS_RESOURCE is still in the bounding set, and root regains it at exec")
 
 

@@ -9,12 +9,13 @@ Order of steps, and why each comes where it does:
 2. Become a child subreaper, so every orphan in the kernel's tree is reparented to us.
 3. Ask for a catchable parent-death signal, then compare ``getppid()`` with the parent noted in
    step 1: a host that died before the request was made sends no signal.
+   Then the base seccomp filter (``protocol.seccomp``), if bwrap did not load it already.
 4. Pass SIGINT on to the kernel's process group. The kernel gets a process group of its own, so
    exactly one SIGINT reaches it whichever way the interrupt came: jupyter_client signals our
    group (we alone are in it), VS Code signals the pid it launched (us).
-5. Fork and exec the kernel in its own process group, with a scrubbed environment, a stage pipe,
-   and a SIGKILL parent-death signal, so a supervisor that is itself SIGKILLed does not leave a
-   kernel behind.
+5. Fork and exec the kernel in a session (and process group) of its own, with a scrubbed
+   environment, a stage pipe, and a SIGKILL parent-death signal, so a supervisor that is itself
+   SIGKILLed does not leave a kernel behind.
 6. Wait. The kernel exiting, SIGTERM (stop gracefully), SIGUSR1 (kill now), the parent-death
    signal, or a changed ``getppid()`` each end the wait; then the whole tree is frozen and killed,
    and we exit with the kernel's status.
@@ -91,20 +92,43 @@ def _kernel_env(workspace: str, stage_fd: int, tmp: str) -> dict[str, str]:
     return env
 
 
+def _seccomp() -> str:
+    """The base seccomp filter over us and the kernel's tree: bwrap loaded it already in a sandbox
+    (``--seccomp``, before our first instruction); in the fallback it is installed here, before the
+    kernel is forked. Returns who installed it (``bwrap``, ``supervisor``) or why there is none."""
+    from ivralo_kernel.protocol import seccomp
+
+    arch = seccomp.this_arch()
+    if arch is None:
+        return "none: no filter for this architecture"
+    # The host says it gave bwrap the filter, and a filter is there (a container's runtime may have
+    # one of its own, so the count alone would not say it is ours).
+    if os.environ.pop(names.ENV_SECCOMP_BY_BWRAP, "") == "1" and seccomp.filters_in_force() > 0:
+        return "bwrap"
+    linux.leave_the_session_keyring(arch.nr("keyctl"))  # before the filter refuses keyctl
+    try:
+        seccomp.install(seccomp.base_filter(arch), arch)
+    except seccomp.SeccompUnavailable as exc:
+        print(f"ivralo supervisor: no seccomp filter: {exc}", file=sys.stderr)
+        return f"none: Linux refused it ({str(exc).replace(',', ';')})"
+    return "supervisor"
+
+
 def _start_kernel(argv: list[str], env: dict[str, str], stderr_fd: int) -> int:
     # Frozen standard modules hide their source from the debugger: breakpoints in them are missed.
     cmd = module_argv(sys.executable, "ivralo_kernel.kernel", argv, ("-P", "-B", "-Xfrozen_modules=off"), env=env)
     supervisor = os.getpid()
     pid = os.fork()
     if pid:
-        with contextlib.suppress(OSError):  # also here: a SIGINT may come before the child's own call
-            os.setpgid(pid, pid)
         return pid
     try:  # in the child: undo what is ours, then become the kernel
+        # A session of its own, first (so its group is there for an interrupt): no controlling
+        # terminal, so a TIOCSTI from the kernel's tree has no person's shell to type into, and an
+        # interrupt for our group is passed on to this one, once.
+        os.setsid()
         for signum in _WATCHED:
             signal.signal(signum, signal.SIG_DFL)
         signal.set_wakeup_fd(-1)
-        os.setpgid(0, 0)  # an interrupt for our group is passed on to this one, once
         os.dup2(stderr_fd, 2)
         linux.set_parent_death_signal(signal.SIGKILL)
         if os.getppid() != supervisor:
@@ -207,7 +231,10 @@ def main(argv: list[str] | None = None) -> int:
 
     subreaper = linux.set_child_subreaper()  # step 2
     death_signal = linux.set_parent_death_signal(SIGNAL_PARENT_DIED)  # step 3
-    os.environ[names.ENV_SUPERVISOR_LAYERS] = f"subreaper={int(subreaper)},parent_death_signal={int(death_signal)}"
+    filtered = _seccomp()
+    os.environ[names.ENV_SUPERVISOR_LAYERS] = (
+        f"subreaper={int(subreaper)},parent_death_signal={int(death_signal)},seccomp={filtered}"
+    )
     limits = os.environ.pop(names.ENV_NAMESPACE_LIMITS, None)
     if limits is not None:  # in the sandbox, before anything of the kernel's runs
         from ivralo_kernel.supervisor import namespace_limits
