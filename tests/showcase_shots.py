@@ -54,7 +54,7 @@ def egress_question() -> list[str]:
     from ivralo_kernel.host.egress import cell_question
     from ivralo_kernel.host.person_question import prompt_text
 
-    asked = prompt_text(cell_question("localhost", 1).replace("1)", VARIES + ")"), ["yes", "no"]).rstrip()
+    asked = prompt_text(cell_question("localhost", 1).replace("port 1", "port " + VARIES), ["yes", "no"]).rstrip()
     return _fragments(asked, hosts_tried_line({"localhost": "allowed (yes this time)"}))
 
 

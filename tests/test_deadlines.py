@@ -278,7 +278,9 @@ async def test_memory_soft_limit_hint_once_and_hard_limit_kill(workspace: Path) 
 
 
 def test_in_kernel_deadline_for_a_raw_launch(workspace: Path, tmp_path: Path) -> None:
-    """VS Code's path: no provisioner, no host watchdog. The kernel and its supervisor do it."""
+    """VS Code's path: no provisioner. The raw launch's host watchdog interrupts (the kernel shows
+    the deadline's message) and ends the tree when the interrupt cannot land; the supervisor's
+    backstop, which only that host can disarm, catches what it misses. Either way: status 124."""
     spec = KernelSpecManager().get_kernel_spec("ivralo")
     connection_file, _ = write_connection_file(str(tmp_path / "kernel-raw.json"))
     argv = [part.format(connection_file=connection_file) for part in spec.argv]
@@ -299,7 +301,8 @@ def test_in_kernel_deadline_for_a_raw_launch(workspace: Path, tmp_path: Path) ->
             assert proc.wait(timeout=BOUND_S + SLACK_S + 2) == 124, "the supervisor ended it for the deadline"
             assert time.monotonic() - start <= BOUND_S + SLACK_S
             assert gone(kernel_pid)
-            assert b"outlived its deadline" in proc.stderr.read()  # type: ignore[union-attr]
+            said = proc.stderr.read()  # type: ignore[union-attr]
+            assert b"outlived its deadline" in said or b"exceeded deadline_ms=" in said, said[-2000:]
         finally:
             client.stop_channels()
             if proc.poll() is None:

@@ -31,7 +31,7 @@ from ivralo_kernel.host import prewarm
 from ivralo_kernel.host.outputs import CellOutput
 from ivralo_kernel.protocol.trust import set_trust
 
-QUESTION = "Code in this cell wants to reach localhost (port {port}). Allow? [{choices}] "
+QUESTION = "Code in this cell wants to reach localhost, this machine, port {port}. Allow? [{choices}] "
 
 # Every object in the cell's process that could show the question or carry an answer says
 # "always"; every answer it can send, it sends; then Python and `sh -c curl` try the person's port.
@@ -205,7 +205,7 @@ def test_the_persons_always_still_gets_through_and_only_the_host_writes_it(
         prompts, stdout = as_a_person(kc, attack(port), once_forging("always"), parented=client == "lab")
     assert sorted(hits) == ["/python", "/sh"], stdout
     assert prompts == [QUESTION.format(port=port, choices="yes/always/no")], stdout
-    assert granted(trusted) == {"hosts": {"allow": ["localhost"]}}
+    assert granted(trusted) == {"hosts": {"allow": [f"localhost:{port}"]}}, "on this machine: that port alone"
 
 
 def test_a_person_who_says_yes_gets_through_and_nothing_is_written(workspace: Path) -> None:

@@ -236,7 +236,7 @@ def test_the_person_is_asked_about_an_unknown_host(page: Any, lab: dict[str, Any
         )
         stdin = cells.nth(0).locator(".jp-Stdin")
         expect(stdin).to_contain_text(
-            f"Code in this cell wants to reach localhost (port {port}). Allow? [yes/no]", timeout=30_000
+            f"Code in this cell wants to reach localhost, this machine, port {port}. Allow? [yes/no]", timeout=30_000
         )
         page.wait_for_timeout(DEADLINE_MS + 1000)  # the person reads the question: longer than the deadline
         stdin.locator("input").fill("yes")
@@ -281,7 +281,7 @@ def test_the_person_says_no_to_a_subprocess(page: Any, lab: dict[str, Any]) -> N
         run_in_last_cell(page, f"!curl -sS http://localhost:{port}/from-curl")
         stdin = cells.nth(0).locator(".jp-Stdin")
         expect(stdin).to_contain_text(
-            f"Code in this cell wants to reach localhost (port {port}). Allow? [yes/no]", timeout=30_000
+            f"Code in this cell wants to reach localhost, this machine, port {port}. Allow? [yes/no]", timeout=30_000
         )
         stdin.locator("input").fill("no")
         stdin.locator("input").press("Enter")

@@ -90,7 +90,8 @@ async def test_asked_yes_once_lasts_the_worker(workspace: Path, server: int) -> 
     async with Session(workspace=workspace, ask=ask, config=NO_TCP_FLOOR) as session:
         first = await session.run(code)
         second = await session.run(code)
-    assert asked == [("Code in run_python wants to reach localhost", ("yes", "no"))], "asked once, no 'always' offer"
+    question = f"Code in run_python wants to reach localhost, this machine, port {server}"
+    assert asked == [(question, ("yes", "no"))], "asked once, no 'always' offer"
     assert isinstance(first, str) and first.endswith("[ivralo network: localhost allowed (yes this time)]\n")
     assert isinstance(second, str) and second.startswith("200\n")
     assert not (workspace / ".ivralo" / "permissions.json").exists()
@@ -109,7 +110,7 @@ async def test_asked_always_is_written_in_a_trusted_folder(workspace: Path, serv
     assert choices_seen == [("yes", "always", "no")]
     assert isinstance(result, str) and "localhost allowed (always (hosts.allow))" in result
     saved = json.loads((workspace / ".ivralo" / "permissions.json").read_text())
-    assert saved == {"hosts": {"allow": ["localhost"]}}
+    assert saved == {"hosts": {"allow": [f"localhost:{server}"]}}, "on this machine: that port alone"
 
 
 async def test_asked_no_is_refused(workspace: Path, server: int) -> None:

@@ -81,7 +81,8 @@ def test_the_person_answers_yes_and_the_deadline_waits(workspace: Path, port: in
     km.start_kernel(cwd=str(workspace))
     try:
         seen = run_answering(km, fetch(port), ["yes"], wait_s=3.0)
-        assert seen["prompts"] == [f"Code in this cell wants to reach localhost (port {port}). Allow? [yes/no] "]
+        question = f"Code in this cell wants to reach localhost, this machine, port {port}"
+        assert seen["prompts"] == [f"{question}. Allow? [yes/no] "]
         assert seen["errors"] == []
         assert seen["stdout"] == "200\n[ivralo network: localhost allowed (yes this time)]\n"
         again = run_answering(km, fetch(port), [])  # for the rest of this worker's life
@@ -98,7 +99,7 @@ def test_always_is_offered_and_recorded_only_in_a_trusted_folder(workspace: Path
         seen = run_answering(km, fetch(port), ["always", "n"])
     finally:
         km.shutdown_kernel(now=True)
-    question = f"Code in this cell wants to reach localhost (port {port})"
+    question = f"Code in this cell wants to reach localhost, this machine, port {port}"
     assert seen["prompts"] == [
         f"{question}. Allow? [yes/no] ",
         f"Please answer yes or no. {question}. Allow? ",
@@ -117,7 +118,7 @@ def test_always_is_offered_and_recorded_only_in_a_trusted_folder(workspace: Path
     assert seen["prompts"] == [f"{question}. Allow? [yes/always/no] "]
     assert seen["stdout"] == "200\n[ivralo network: localhost allowed (always (hosts.allow))]\n"
     allowed = json.loads((workspace / ".ivralo" / "permissions.json").read_text())["hosts"]["allow"]
-    assert allowed == ["localhost"]
+    assert allowed == [f"localhost:{port}"], "on this machine: that port alone"
 
 
 def test_nobody_to_ask_in_nbclient(workspace: Path, port: int) -> None:
@@ -137,7 +138,7 @@ def test_nobody_to_ask_in_nbclient(workspace: Path, port: int) -> None:
 def test_jupyter_console_asks_at_its_prompt(workspace: Path, port: int) -> None:
     with jupyter_console("ivralo", workspace) as child:
         child.sendline(f"import urllib.request; print(urllib.request.urlopen('http://localhost:{port}/').status)")
-        child.expect(rf"Code in this cell wants to reach localhost \(port {port}\)\. Allow\? \[yes/no\] ")
+        child.expect(rf"Code in this cell wants to reach localhost, this machine, port {port}\. Allow\? \[yes/no\] ")
         child.sendline("yes")
         child.expect("200")
         child.expect(r"\[ivralo network: localhost allowed \(yes this time\)\]")

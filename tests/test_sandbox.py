@@ -287,7 +287,7 @@ async def test_a_person_s_answer_through_session_counts_at_once(workspace: Path,
         assert isinstance(first, str) and first.startswith("hello from the host"), first
         assert "[ivralo network: localhost allowed (yes this time)]" in first
         assert isinstance(second, str) and second.startswith("200"), second
-        assert asked == ["Code in run_python wants to reach localhost"], "asked once for the worker's life"
+        assert asked == [f"Code in run_python wants to reach localhost, this machine, port {port}"], "asked once"
     else:
         assert hits == [], (first, second)
         assert isinstance(first, dict) and "403" in first["error"] and "the person said no" in first["error"]
@@ -301,7 +301,7 @@ def test_jupyter_console_asks_for_a_subprocess_too(workspace: Path, answer: str)
 
     with counting_http() as (port, hits), jupyter_console(SANDBOXED_KERNEL, workspace) as child:
         child.sendline(f"!curl -sS http://localhost:{port}/from-curl")
-        child.expect(rf"Code in this cell wants to reach localhost \(port {port}\)\. Allow\? \[yes/no\] ")
+        child.expect(rf"Code in this cell wants to reach localhost, this machine, port {port}\. Allow\? \[yes/no\] ")
         child.sendline(answer)
         child.expect("hello from the host" if answer == "yes" else "the person said no")
         child.expect(r"In \[3\]: ")
@@ -433,6 +433,6 @@ def test_pip_download_from_a_local_index_is_asked_about(workspace: Path, tmp_pat
         httpd.shutdown()
         httpd.server_close()
     assert isinstance(result, str) and result.startswith("0 "), result
-    assert asked == ["Code in run_python wants to reach localhost"], asked
+    assert asked == [f"Code in run_python wants to reach localhost, this machine, port {port}"], asked
     assert "/simple/ivralo-tiny/" in hits and f"/{wheel.name}" in hits, hits
     assert (workspace / "wheels" / wheel.name).read_bytes() == wheel.read_bytes()

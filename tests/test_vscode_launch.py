@@ -20,7 +20,7 @@ from typing import Any
 
 import psutil
 import pytest
-from conftest import FALLBACK_KERNEL, gone, wait_until
+from conftest import FALLBACK_KERNEL, gone, kernel_in_tree, wait_until
 from jupyter_client.blocking.client import BlockingKernelClient
 from jupyter_client.connect import write_connection_file
 from jupyter_client.kernelspec import KernelSpec, KernelSpecManager
@@ -289,6 +289,118 @@ def test_a_kernelspec_can_turn_the_sandbox_off(workspace: Path, tmp_path: Path) 
     with raw_launch(workspace, tmp_path, kernel_name=FALLBACK_KERNEL) as raw:
         assert layers(raw)["sandbox"] == "none (turned off by the kernelspec (sandbox='off'))"
         assert not any(Path(cmd[0]).name == "bwrap" for cmd in tree_of(raw.proc.pid) if cmd)
+
+
+# Every way a cell could reach its own deadline from inside the sandbox: its interrupt ignored, the
+# supervisor's backstop told "off" (and "much later") on the stage pipe from Python and from sh, the
+# supervisor (pid 1 here) stopped or traced, the kernel's own deadline thread looked for. Then it
+# keeps running, swallowing every KeyboardInterrupt, for 25 s.
+DISARM_EVERYTHING = r"""
+import ctypes, os, signal, subprocess, threading, time
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+kernel = get_ipython().kernel
+me = kernel.get_parent()["header"]["msg_id"]
+tried = []
+for name in ("_watchdog", "_backstop"):  # the kernel's own deadline objects: "finished" disarms
+    thing = getattr(kernel, name, None)
+    if thing is not None:
+        thing.finished(); tried.append(f"{name}.finished()")
+# Every pipe this process may write: the supervisor's stage pipe is one of them.
+def writable_pipe(fd):
+    try:
+        flags = int(open(f"/proc/self/fdinfo/{fd}").read().split("flags:")[1].split()[0], 8)
+        return os.readlink(f"/proc/self/fd/{fd}").startswith("pipe:") and flags & 3
+    except OSError:
+        return False
+pipes = [int(fd) for fd in os.listdir("/proc/self/fd") if int(fd) > 2 and writable_pipe(fd)]
+for fd in pipes:
+    for line in (f"kill-at:{me}:off\n", f"kill-at:{me}:{time.monotonic() + 3600!r}\n"):
+        try:
+            os.write(fd, line.encode()); tried.append(f"pipe {fd}")
+        except OSError as e:
+            tried.append(f"pipe {fd}: {e}")
+script = "; ".join([f'printf "kill-at:{me}:off\\n" >&{fd}' for fd in pipes] + ["kill -STOP 1", "echo sh $?"])
+r = subprocess.run(["sh", "-c", script], capture_output=True, text=True, pass_fds=tuple(pipes))
+tried.append(r.stdout.strip())
+libc = ctypes.CDLL(None, use_errno=True)
+tried.append(f"ptrace attach 1: {libc.ptrace(16, 1, 0, 0)} errno {ctypes.get_errno()}")
+tried.append(f"threads {[t.name for t in threading.enumerate()]}")
+kernel._executing = None  # "not running any more", if the host asks
+print(tried, flush=True)
+start = time.monotonic()
+while time.monotonic() - start < 25:
+    try:
+        time.sleep(0.05)
+    except BaseException:
+        pass
+print("outlived its deadline")
+"""
+
+
+def test_a_cell_cannot_disarm_its_raw_launch_deadline(workspace: Path, tmp_path: Path) -> None:
+    """VS Code with a 3 s deadline (kernel.json's env): the raw launch's host owns the deadline, as
+    the provisioner does. Whatever the cell does inside, its kernel is gone by deadline + grace +
+    a generous margin, judged by the process table; never the 25 s the cell wanted."""
+    import time
+
+    base = KernelSpecManager().get_kernel_spec("ivralo")
+    env = {**base.env, "IVRALO_DEADLINE_MS": "3000", "IVRALO_INTERRUPT_GRACE_MS": "1000"}
+    spec = KernelSpec(argv=base.argv, display_name="deadline", language="python", env=env)
+    with raw_launch(workspace, tmp_path, spec=spec) as raw:
+        assert layers(raw)["sandbox"].startswith("bwrap"), layers(raw)
+        kernel = kernel_in_tree(raw.proc.pid)
+        started = time.monotonic()
+        raw.client.execute(DISARM_EVERYTHING)
+        wait_until(lambda: gone(kernel), 20, "the kernel to be ended at its deadline")
+        took = time.monotonic() - started
+        assert took < 15, f"the cell ran {took:.1f} s past a 3 s deadline"
+        assert took >= 3, f"ended after {took:.1f} s, before its deadline"
+
+
+# A cell that answers for itself: its own execute_reply and idle, "not executing" if asked, then on
+# running (sleeping, so its tree looks quiet) while the client believes it finished.
+FORGES_ITS_REPLY = r"""
+import signal, time
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+k = get_ipython().kernel
+parent = k.get_parent()
+ident = k._get_shell_context_var(k._shell_parent_ident)
+content = {"status": "ok", "execution_count": 1, "user_expressions": {}, "payload": []}
+k.session.send(k.shell_stream, "execute_reply", content, parent, ident=ident)
+k.session.send(k.iopub_socket, "status", {"execution_state": "idle"}, parent, ident=k._topic("status"))
+k._executing = None
+start = time.monotonic()
+while time.monotonic() - start < 25:
+    try:
+        time.sleep(0.05)
+    except BaseException:
+        pass
+"""
+
+
+def test_a_cell_that_forges_its_own_reply_does_not_hold_the_kernel_past_the_next_deadline(
+    workspace: Path, tmp_path: Path
+) -> None:
+    """The client takes the forged reply and sends its next cell, which the kernel cannot start:
+    the host counts that cell's deadline from when its turn came (the relay saw every earlier
+    request answered), whatever the kernel says, and ends the tree by deadline + grace + margin."""
+    import time
+
+    from kernel_helpers import reply_to
+
+    base = KernelSpecManager().get_kernel_spec("ivralo")
+    env = {**base.env, "IVRALO_DEADLINE_MS": "3000", "IVRALO_INTERRUPT_GRACE_MS": "1000"}
+    spec = KernelSpec(argv=base.argv, display_name="deadline", language="python", env=env)
+    with raw_launch(workspace, tmp_path, spec=spec) as raw:
+        kernel = kernel_in_tree(raw.proc.pid)
+        forged = reply_to(raw.client, raw.client.execute(FORGES_ITS_REPLY), 30)
+        assert forged["content"]["status"] == "ok", "the client took the forged reply"
+        started = time.monotonic()
+        raw.client.execute("1 + 1")
+        wait_until(lambda: gone(kernel), 20, "the kernel to be ended at the next cell's deadline")
+        took = time.monotonic() - started
+        assert took < 15, f"the next cell waited {took:.1f} s behind a 3 s deadline"
+        assert raw.proc.wait(timeout=15) == 124, "ended for its deadline"
 
 
 def test_a_raw_launch_records_its_history_for_the_person(workspace: Path, tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 from ivralo_kernel import __version__
 from ivralo_kernel.cli import history
 from ivralo_kernel.protocol import IvraloError, names
+from ivralo_kernel.protocol.terminal import terminal_safe
 
 
 def _install(args: argparse.Namespace) -> int:
@@ -241,5 +242,5 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except IvraloError as exc:
-        print(f"ivralo-kernel {args.command}: {exc}", file=sys.stderr)
+        print(f"ivralo-kernel {args.command}: {terminal_safe(str(exc), keep_newlines=True)}", file=sys.stderr)
         return 2

@@ -21,6 +21,7 @@ from ivralo_kernel.host.sandbox import choose_bwrap, dotenv_kept_out
 from ivralo_kernel.host.settings import JupyterHostSettings, config_file_layers, resolve
 from ivralo_kernel.protocol import container, database_env_names, names, scrub
 from ivralo_kernel.protocol.credentials import RULE_FILE, ScrubRule, config_home, rule_problems
+from ivralo_kernel.protocol.terminal import terminal_safe
 
 GIB = 1 << 30
 TCP_FLOOR_GAPS = (
@@ -245,19 +246,22 @@ def doctor(as_json: bool, settings: tuple[str, ...] = (), project: str | None = 
         print(json.dumps(report, indent=1))
         return 0 if report["ok"] else 1
     if "error" in report:
-        print(f"ivralo-kernel doctor: no kernel could be started here:\n{report['error']}")
+        print(f"ivralo-kernel doctor: no kernel could be started here:\n{terminal_safe(report['error'], True)}")
         return 1
+    # The kernel's report is the kernel's to write: every value is escaped before it reaches the terminal.
+    safe = terminal_safe
     kernel = report["kernel"]
-    print(f"ivralo-kernel doctor: started a kernel (pid {kernel.get('pid')}, ready in {kernel.get('bootstrap_ms')} ms)")
+    pid, ready = safe(str(kernel.get("pid"))), safe(str(kernel.get("bootstrap_ms")))
+    print(f"ivralo-kernel doctor: started a kernel (pid {pid}, ready in {ready} ms)")
     interpreter = kernel.get("interpreter") or {}
-    print(f"  interpreter: {interpreter.get('choice', '?')}")
-    print(f"  warm spares (JupyterLab): {report['spares']['detail']}")
-    if report.get("container"):
+    print(f"  interpreter: {safe(str(interpreter.get('choice', '?')))}")
+    print(f"  warm spares (JupyterLab): {safe(report['spares']['detail'])}")
+    if report.get("container"):  # the host's own reading, not the kernel's
         where = report["container"]
         print(f"  container: {where['runtime']} ({where['signal']}); full sandbox with: {where['settings']}")
     for check in report["checks"]:
         mark = "ok  " if check["status"] == "ok" else "MISS"
-        print(f"  [{mark}] {check['mechanism']:22} {check['detail']}")
+        print(f"  [{mark}] {safe(str(check['mechanism'])):22} {safe(str(check['detail']))}")
         if check["next_step"]:
-            print(f"         next step: {check['next_step']}")
+            print(f"         next step: {safe(str(check['next_step']))}")
     return 0 if report["ok"] else 1

@@ -19,6 +19,7 @@ from ivralo_kernel.host.history_store import (
 from ivralo_kernel.host.settings import JupyterHostSettings, load
 from ivralo_kernel.protocol import IvraloError, names
 from ivralo_kernel.protocol.history_index import Entry
+from ivralo_kernel.protocol.terminal import terminal_safe
 
 NEWER_CHANGE_RULE = (
     "A newer change is one made after the change the copy undoes: the history holds a later copy of the same "
@@ -91,18 +92,25 @@ def _list(args: argparse.Namespace) -> int:
     if not entries:
         which = f" of {args.path}" if args.path else ""
         print(
-            f"No kept copies{which} in {store.workspace}. The write guard keeps one when a cell overwrites, "
-            "truncates, renames over or deletes a file."
+            f"No kept copies{terminal_safe(which)} in {terminal_safe(store.workspace)}. The write guard keeps one "
+            "when a cell overwrites, truncates, renames over or deletes a file."
         )
         return 0
-    rows = [(e.id, local_time(e.ns), e.operation, human_size(e.size), store.relative(e)) for e in entries]
+    # Names and operations come from what code in the kernel did: escaped, never sent to the terminal raw.
+    rows = [
+        tuple(
+            terminal_safe(str(cell))
+            for cell in (e.id, local_time(e.ns), e.operation, human_size(e.size), store.relative(e))
+        )
+        for e in entries
+    ]
     header = ("ID", "TIME", "OPERATION", "SIZE", "PATH")
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(4)]
     for row in [header, *rows]:
         cells = [row[i].ljust(widths[i]) if i != 3 else row[i].rjust(widths[i]) for i in range(4)]
         print("  ".join([*cells, row[4]]))
     print(
-        f"\n{len(entries)} copies in {store.workspace}/{names.HISTORY_DIR}. "
+        f"\n{len(entries)} copies in {terminal_safe(store.workspace)}/{names.HISTORY_DIR}. "
         "Restore one: ivralo-kernel history restore ID"
     )
     return 0
@@ -112,15 +120,16 @@ def _show(args: argparse.Namespace) -> int:
     store = _store(args, None)
     entry = store.find(args.id)
     content, _mode = store.read(entry)
-    rel = store.relative(entry)
-    print(f"ID         {entry.id}")
+    rel = terminal_safe(store.relative(entry))
+    print(f"ID         {terminal_safe(entry.id)}")
     print(f"File       {rel}")
-    print(f"Taken      {local_time(entry.ns)}, before {described(entry)}")
+    print(f"Taken      {local_time(entry.ns)}, before {terminal_safe(described(entry))}")
     print(f"Size       {len(content)} bytes ({human_size(len(content))})")
-    print(f"Copy       {names.HISTORY_DIR}/{entry.copy}")
-    print(f"Now        {_now(store, entry, content)}")
-    print(f"Restore    ivralo-kernel history restore {entry.id}")
+    print(f"Copy       {names.HISTORY_DIR}/{terminal_safe(entry.copy)}")
+    print(f"Now        {terminal_safe(_now(store, entry, content))}")
+    print(f"Restore    ivralo-kernel history restore {terminal_safe(entry.id)}")
     text = _text(content)
+    text = terminal_safe(text, keep_newlines=True) if text is not None else None
     if text is None:
         print(f"\n(binary content, {len(content)} bytes: not shown)")
     else:
@@ -160,5 +169,5 @@ def _restore(args: argparse.Namespace) -> int:
         store = _store(args, None)
         entry = store.find(args.target)
     done = store.restore(entry, force=args.force)
-    print(done.describe("ivralo-kernel history restore {id}"))
+    print(terminal_safe(done.describe("ivralo-kernel history restore {id}"), keep_newlines=True))
     return 0

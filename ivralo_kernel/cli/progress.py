@@ -13,6 +13,8 @@ import sys
 import time
 from typing import Literal, TextIO
 
+from ivralo_kernel.protocol.terminal import terminal_safe
+
 Mode = Literal["auto", "bar", "lines", "none"]
 BAR_WIDTH = 20
 
@@ -33,7 +35,7 @@ class Progress:
         if self.mode != "bar":
             return
         done = round(BAR_WIDTH * (number - 1) / max(self.total, 1))
-        first = next((line.strip() for line in source.splitlines() if line.strip()), "")
+        first = terminal_safe(next((line.strip() for line in source.splitlines() if line.strip()), ""))
         text = f"[{number}/{self.total}] {'#' * done}{'-' * (BAR_WIDTH - done)} cell {number}"
         if first:
             text += f": {first}"

@@ -25,6 +25,7 @@ from ivralo_kernel.host.outputs import CellOutput, effects_in, effects_line
 from ivralo_kernel.host.processes import still_running, tree_of
 from ivralo_kernel.protocol import IvraloError, names
 from ivralo_kernel.protocol.messages import Effects
+from ivralo_kernel.protocol.terminal import terminal_safe
 
 # nbclient's own wait for a cell's reply is only a backstop: the host's deadline is what ends a cell
 # (at deadline_ms, then the kill after the grace, answered within 250 ms), so nbclient waits longer.
@@ -45,14 +46,26 @@ def _cell_text(outputs: list[dict[str, Any]]) -> str:
     return CellOutput.from_notebook(outputs).shown
 
 
+def _styles() -> tuple[str, str, str]:
+    """Bold, dim and reset on a terminal; nothing on a pipe or in a file (a log holds no escapes)."""
+    try:
+        tty = sys.stdout.isatty()
+    except (AttributeError, ValueError):
+        tty = False
+    return ("\033[1m", "\033[2m", "\033[0m") if tty else ("", "", "")
+
+
 def _print_cell(number: int, source: str, outputs: list[dict[str, Any]], effects: Effects | None) -> None:
-    print(f"\033[1mIn [{number}]:\033[0m")
-    print(textwrap.indent(source.rstrip() or "(empty)", "    "))
-    text = _cell_text(outputs).rstrip()
+    bold, dim, reset = _styles()
+    print(f"{bold}In [{number}]:{reset}")
+    # What the cells printed, the files they wrote and the hosts they tried are the kernel's to choose:
+    # escaped (terminal_safe), so only this report's own bold and dim reach the terminal.
+    print(textwrap.indent(terminal_safe(source.rstrip(), keep_newlines=True) or "(empty)", "    "))
+    text = terminal_safe(_cell_text(outputs).rstrip(), keep_newlines=True)
     if text:
         print(textwrap.indent(text, "  | ", lambda _: True))
     if effects is not None:
-        print(f"  \033[2mivralo: {effects_line(effects)}\033[0m")
+        print(f"  {dim}ivralo: {terminal_safe(effects_line(effects))}{reset}")
     print()
 
 
@@ -163,10 +176,10 @@ async def _run_script(path: Path, workspace: str, settings: Mapping[str, Any]) -
 
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(path.read_text(encoding="utf-8"))])
     _, stopped = await _execute(nb, workspace, settings)
-    print(_cell_text(nb.cells[0].get("outputs", [])), end="")
+    print(terminal_safe(_cell_text(nb.cells[0].get("outputs", [])), keep_newlines=True), end="")
     effects = _effects_of(nb.cells[0])
     if effects is not None:  # stdout stays the script's own
-        print(f"ivralo: {effects_line(effects)}", file=sys.stderr)
+        print(f"ivralo: {terminal_safe(effects_line(effects))}", file=sys.stderr)
     if stopped:
         print(f"ivralo-kernel run: {path.name}: stopped at {stopped}", file=sys.stderr)
     return 1 if stopped or _failed(nb.cells[0]) else 0

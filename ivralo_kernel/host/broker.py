@@ -26,6 +26,7 @@ from ivralo_kernel.host.operations import OperationError, load_operations, perfo
 from ivralo_kernel.host.vault import CredentialVault
 from ivralo_kernel.protocol import names
 from ivralo_kernel.protocol.messages import BrokerAnswer, CallRecord
+from ivralo_kernel.protocol.terminal import terminal_safe
 
 Reply = Callable[[BrokerAnswer], None]
 Pause = Callable[[bool], None]
@@ -161,11 +162,12 @@ class BrokerResponder:
             answer = BrokerAnswer(ok=False, error=self.vault.redact(str(exc)))
         except Exception as exc:  # noqa: BLE001 - the code gets a sentence; the log gets the type
             text = self.vault.redact(f"{type(exc).__name__}: {exc}")
-            log.warning("ivralo broker: a call failed: %s", text)
+            log.warning("ivralo broker: a call failed: %s", terminal_safe(text))
             answer = BrokerAnswer(ok=False, error=f"the host's call failed: {text}")
         seconds = time.monotonic() - started
         if self.vault.get(credential):  # the credential was used, whatever the outcome: on the record
-            log.info("ivralo broker: %s with %s: %s in %.3fs", what, credential, _outcome(answer), seconds)
+            shown = (terminal_safe(what), terminal_safe(credential), terminal_safe(_outcome(answer)))
+            log.info("ivralo broker: %s with %s: %s in %.3fs", *shown, seconds)
             answer["record"] = CallRecord(what=what, credential=credential, seconds=seconds)
         reply(answer)
 

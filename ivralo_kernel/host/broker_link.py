@@ -11,12 +11,14 @@ from __future__ import annotations
 import threading
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ivralo_kernel.host.broker import BrokerResponder
 from ivralo_kernel.host.kernel_channels import KernelChannels
 from ivralo_kernel.protocol import names
 from ivralo_kernel.protocol.messages import BrokerAnswer, BrokerHello, BrokerReply
+
+if TYPE_CHECKING:  # the broker (sqlalchemy, httpx) is loaded by the host that has one, not by a raw launch
+    from ivralo_kernel.host.broker import BrokerResponder
 
 HELLO_RETRY_S = 0.5
 

@@ -26,6 +26,7 @@ import contextlib
 import json
 import os
 import threading
+import time
 from collections import OrderedDict
 from typing import Any
 
@@ -52,6 +53,7 @@ DELIMITER = b"<IDS|MSG>"
 # gateway, so the live connection's requests were never read (status "Unknown" in the browser).
 HANDOVER_CHANNELS = ("shell", "stdin", "control")
 KEEP_REQUESTS = 256  # execute_request ids remembered (an execution's busy follows its request at once)
+EXECUTE_REPLY = b'"execute_reply"'  # cheap test before a reply's header is parsed
 
 
 class ChannelRelay:
@@ -70,7 +72,9 @@ class ChannelRelay:
         self._asks_lock = threading.Lock()
         self._asks_out: zmq.Socket[Any] | None = None  # the askers' end; the stdin thread reads the other
         self._asks_in: zmq.Socket[Any] | None = None
-        self._requests: OrderedDict[str, None] = OrderedDict()
+        # execute_request id -> when a client sent it; execute_reply parent -> when it reached a client
+        self._requests: OrderedDict[str, float] = OrderedDict()
+        self._replies: OrderedDict[str, float] = OrderedDict()
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
         self._controls: list[zmq.Socket[Any]] = []
@@ -156,6 +160,26 @@ class ChannelRelay:
         with self._lock:
             return msg_id in self._requests
 
+    def replied(self, msg_id: str) -> bool:
+        """(any thread) Did the kernel's execute_reply to it go to the client? (``watch_requests``.)"""
+        with self._lock:
+            return msg_id in self._replies
+
+    def turn(self, since: float) -> tuple[str, float] | None:
+        """(any thread) The execute_request the kernel must be running now, by what clients sent and
+        were answered (not by what the kernel says): the first one sent at ``since`` or later that has
+        no reply yet, and when its turn came (its request, or the reply to the one before it)."""
+        with self._lock:
+            came = since
+            for msg_id, sent in self._requests.items():
+                if sent < since:
+                    continue
+                answered = self._replies.get(msg_id)
+                if answered is None:
+                    return msg_id, max(sent, came)
+                came = max(came, answered)
+        return None
+
     def ask(self, execution: str, prompt: str, timeout: float) -> str | None:
         """(any thread; blocks) Ask the person at the input prompt of ``execution``, the running
         request a client sent, and return what they typed; None: nobody can answer there (no such
@@ -224,6 +248,7 @@ class ChannelRelay:
                     inner.send_multipart(frames)
                 if inner in events:
                     frames = inner.recv_multipart()
+                    self._note_reply(frames)
                     self._seen_from_kernel(frames)
                     outer.send_multipart(frames)
         except zmq.ZMQError:
@@ -283,9 +308,24 @@ class ChannelRelay:
             if self._questions is not None and parts is not None:
                 self._questions.client_request(*parts)
             with self._lock:
-                self._requests[str(header.get("msg_id"))] = None
+                self._requests[str(header.get("msg_id"))] = time.monotonic()
                 while len(self._requests) > KEEP_REQUESTS:
                     self._requests.popitem(last=False)
+
+    def _note_reply(self, frames: list[bytes]) -> None:
+        """The kernel's message to a client: remember which execution an execute_reply answers."""
+        try:
+            at = frames.index(DELIMITER)
+            if EXECUTE_REPLY not in frames[at + 2]:
+                return
+            header, parent = json.loads(frames[at + 2]), json.loads(frames[at + 3])
+        except (ValueError, IndexError):
+            return
+        if isinstance(header, dict) and header.get("msg_type") == "execute_reply" and isinstance(parent, dict):
+            with self._lock:
+                self._replies[str(parent.get("msg_id"))] = time.monotonic()
+                while len(self._replies) > KEEP_REQUESTS:
+                    self._replies.popitem(last=False)
 
 
 def _routed(router: zmq.Socket[Any], frames: list[bytes]) -> bool:

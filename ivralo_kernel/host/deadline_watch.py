@@ -18,6 +18,7 @@ from ivralo_kernel.host.kernel_channels import KernelChannels
 from ivralo_kernel.host.observer import Sample, sample_tree
 from ivralo_kernel.protocol import names
 from ivralo_kernel.protocol.messages import DeadlineNotice
+from ivralo_kernel.protocol.terminal import terminal_safe
 
 CONTROL_ANSWER_S = 0.1  # how long the kernel has to act on a deadline notice itself
 REPLY_MARGIN_S = 0.05  # how much longer its answer may take to reach us
@@ -43,6 +44,7 @@ class DeadlineWatch:
         signal_interrupt: Callable[[], None],
         backstop: Backstop | None,
         log: logging.Logger | logging.LoggerAdapter[Any],
+        replied: Callable[[str], bool] | None = None,
     ) -> None:
         self.policy = policy
         self.escalations: OrderedDict[str, Escalation] = OrderedDict()
@@ -50,6 +52,10 @@ class DeadlineWatch:
         self._signal_interrupt = signal_interrupt
         # The supervisor's backstop, armed and disarmed by us alone.
         self._backstop = backstop
+        # Did the kernel's execute_reply reach the clients (seen by the relay)? A settling execution
+        # is over only then: "idle" and "not executing" are the kernel's word, which a cell can forge
+        # while it sleeps on past its deadline. None: no relay, the kernel's word and the tree's CPU.
+        self._replied = replied
         self._armed: set[str] = set()
         self._settle_from: dict[str, Sample] = {}  # a settling execution's last sample of the tree
         self._lock = threading.Lock()  # pause/resume come from brokered calls' threads
@@ -71,6 +77,17 @@ class DeadlineWatch:
                     self._arm(earlier)
             if msg_id not in self.escalations:
                 self.escalations[msg_id] = Escalation(self.policy, started_at=now)
+                self._arm(msg_id)
+                while len(self.escalations) > KEEP_OUTCOMES:
+                    self.escalations.popitem(last=False)
+
+    def on_turn(self, msg_id: str, at: float) -> None:
+        """A client's request whose turn has come (the relay saw every earlier one answered): its
+        deadline counts from then, whether or not the kernel ever says "busy" for it. A cell that
+        forged its own reply and went on running is still the one that holds the kernel."""
+        with self._lock:
+            if msg_id not in self.escalations:
+                self.escalations[msg_id] = Escalation(self.policy, started_at=at)
                 self._arm(msg_id)
                 while len(self.escalations) > KEEP_OUTCOMES:
                     self.escalations.popitem(last=False)
@@ -162,6 +179,9 @@ class DeadlineWatch:
             quiet = reference is not None and sample.cpu_s - reference.cpu_s <= QUIET_CPU_SHARE * max(span, 0.01)
         with self._lock:
             escalation = self.escalations.get(msg_id)
+            settling = escalation is not None and escalation.phase is Phase.SETTLING
+            if settling and self._replied is not None and not self._replied(msg_id):
+                quiet = False  # no reply went to a client: the execution goes on, whatever the kernel said
             action = escalation.on_quiet_check(quiet, now, span) if escalation is not None else Action.NONE
             if escalation is not None and escalation.phase.final:
                 self._settle_from.pop(msg_id, None)
@@ -172,7 +192,7 @@ class DeadlineWatch:
         cannot answer in time (native code holding the GIL), signal the process group instead."""
         self._log.warning(
             "ivralo: execution %s exceeded deadline_ms=%s; interrupting (grace %s ms)",
-            msg_id,
+            terminal_safe(msg_id),  # an id the kernel may have published itself (a forged "busy")
             self.policy.deadline_ms,
             self.policy.interrupt_grace_ms,
         )

@@ -29,7 +29,9 @@ from ivralo_kernel.host.config_watch import PERMISSIONS, WorkspaceFiles
 from ivralo_kernel.host.person_question import ask_until_chosen
 from ivralo_kernel.protocol import names
 from ivralo_kernel.protocol.egress import PERMISSIONS_FILE, EgressPolicy, load_egress_policy
+from ivralo_kernel.protocol.egress_names import HostNameError, Target, normalize
 from ivralo_kernel.protocol.messages import BrokerAnswer
+from ivralo_kernel.protocol.terminal import terminal_safe
 
 __all__ = ["Asker", "EgressDesk", "EgressPolicy", "allow_always", "load_egress_policy"]
 
@@ -47,9 +49,25 @@ RELAYED_ANSWER = "an answer sent from the kernel counts for nothing: the host as
 log = logging.getLogger(__name__)
 
 
-def cell_question(host: str, port: int | None) -> str:
-    """The question a person is asked at the cell's input prompt (the README's screenshot shows it)."""
-    return f"Code in this cell wants to reach {host}" + (f" (port {port})" if port else "")
+CELL_QUESTION = "Code in this cell wants to reach {meant}"
+AGENT_QUESTION = "Code in run_python wants to reach {meant}"
+
+
+def cell_question(host: str, port: int | None, wording: str = CELL_QUESTION) -> str:
+    """The question about ``host:port``, as a person reads it at the cell's input prompt (the README's
+    screenshot shows it) or an agent's ``ask`` gets it: what the name means, where that is, how the
+    code wrote it, and the port ("127.0.0.1, this machine, written as 2130706433, port 5432")."""
+    try:
+        meant = normalize(host).describe(port)
+    except HostNameError:  # never asked about (refused first); shown escaped all the same
+        meant = terminal_safe(host) + (f", port {port}" if port is not None else "")
+    return wording.format(meant=meant)
+
+
+def grant_key(target: Target, port: int | None) -> str:
+    """What a yes is for: the host, or on this machine and the person's network (where each port is
+    another program: a database, another notebook) the host and that port."""
+    return f"{target.host}:{port}" if target.local and port is not None else target.host
 
 
 def allow_always(workspace: str, host: str) -> Path:
@@ -74,7 +92,11 @@ def valid_target(payload: Any) -> tuple[str, int | None] | None:
     if not isinstance(payload, dict):
         return None
     host, port = payload.get("host"), payload.get("port")
-    if not isinstance(host, str) or not 0 < len(host) <= 253 or any(c.isspace() for c in host):
+    if not isinstance(host, str):
+        return None
+    try:
+        normalize(host)
+    except HostNameError:
         return None
     if port is not None and (isinstance(port, bool) or not isinstance(port, int) or not 0 <= port < 65536):
         return None
@@ -105,10 +127,11 @@ class EgressDesk:
         only code forging a request does): the same questions as the proxy's, one open per host."""
         host, port = payload["host"], payload["port"]
         allowed, reason = self.policy().judge(host, port)
+        key = grant_key(normalize(host), port)
         if allowed is not None:
             reply({"allowed": allowed, "reason": reason})
-        elif host in self._granted:
-            reply({"allowed": self._granted[host], "reason": "answered earlier"})
+        elif key in self._granted:
+            reply({"allowed": self._granted[key], "reason": "answered earlier"})
         elif self.asker is None and self.person is None:
             reply({"allowed": False, "reason": NOBODY_TO_ASK})
         else:
@@ -129,7 +152,10 @@ class EgressDesk:
     def decide(self, host: str, port: int, execution: str | None, person: PersonAsk | None, pause: Pause) -> Decision:
         """(the egress proxy's thread; blocks) Judge ``host:port`` for a sandboxed kernel's traffic;
         ``person``: the host's way to ask at ``execution``'s input prompt, if it has one."""
-        host = host.lower().rstrip(".")
+        try:
+            normalize(host)
+        except HostNameError as exc:
+            return False, str(exc)
         allowed, reason = self.policy().judge(host, port)
         if allowed is not None:
             return allowed, reason
@@ -139,14 +165,16 @@ class EgressDesk:
         self, host: str, port: int | None, execution: str | None, person: PersonAsk | None, pause: Pause
     ) -> Decision:
         """(blocks) The answer about ``host``: asked now, or the answer to the question already open
-        about it (a cell's Python and its curl, or a guard's question, wait for the same one)."""
+        about it (a cell's Python and its curl, or a guard's question, wait for the same one). Keyed
+        by what the name means (``grant_key``): every spelling of one place is one question."""
+        key = grant_key(normalize(host), port)
         with self._lock:
-            if host in self._granted:
-                return self._granted[host], "answered earlier"
-            question = self._open.get(host)
+            if key in self._granted:
+                return self._granted[key], "answered earlier"
+            question = self._open.get(key)
             mine = question is None or question.done()
             if mine:
-                question = self._open[host] = Future()
+                question = self._open[key] = Future()
         assert question is not None
         if mine:
             self._ask(host, port, execution, person, pause, question)
@@ -156,8 +184,8 @@ class EgressDesk:
             return False, "nobody answered in time"
         finally:
             with self._lock:
-                if self._open.get(host) is question and question.done():
-                    del self._open[host]
+                if self._open.get(key) is question and question.done():
+                    del self._open[key]
 
     def _ask(
         self,
@@ -171,7 +199,7 @@ class EgressDesk:
         box: list[BrokerAnswer] = []
         try:
             if self.asker is not None:
-                self._ask_agent(self.asker, host, box.append, pause)
+                self._ask_agent(self.asker, host, port, box.append, pause)
             elif execution is None or person is None:
                 box.append({"allowed": False, "reason": NOBODY_TO_ASK})
             else:
@@ -187,33 +215,34 @@ class EgressDesk:
         try:
             choice = ask_until_chosen(lambda text: person(execution, text), cell_question(host, port), self.choices)
         except Exception as exc:  # noqa: BLE001 - a failing prompt is a "no", never a hang
-            log.warning("ivralo: asking the person failed (%s); refusing %s", exc, host)
+            log.warning("ivralo: asking the person failed (%s); refusing %s", terminal_safe(str(exc)), host)
             choice = "no"
         finally:
             pause(False)
         if choice is None:
             return {"allowed": False, "reason": NOBODY_TO_ASK}
-        return self._record(host, choice)
+        return self._record(host, port, choice)
 
-    def _ask_agent(self, asker: Asker, host: str, reply: Reply, pause: Pause) -> None:
+    def _ask_agent(self, asker: Asker, host: str, port: int | None, reply: Reply, pause: Pause) -> None:
         pause(True)  # the time the person takes does not count against the deadline
         try:
-            choice = asker(f"Code in run_python wants to reach {host}", self.choices)
+            choice = asker(cell_question(host, port, AGENT_QUESTION), self.choices)
         except Exception as exc:  # noqa: BLE001 - a failing callback is a "no", never a hang
-            log.warning("ivralo: the ask callback failed (%s); refusing %s", exc, host)
+            log.warning("ivralo: the ask callback failed (%s); refusing %s", terminal_safe(str(exc)), host)
             choice = "no"
         finally:
             pause(False)
-        reply(self._record(host, choice))
+        reply(self._record(host, port, choice))
 
-    def _record(self, host: str, choice: str) -> BrokerAnswer:
+    def _record(self, host: str, port: int | None, choice: str) -> BrokerAnswer:
+        key = grant_key(normalize(host), port)
         if choice == "always" and self.trusted:
-            allow_always(self.workspace, host)
+            allow_always(self.workspace, key)
             if self.files is not None:
                 self.files.host_wrote(PERMISSIONS)
             return {"allowed": True, "reason": "always (hosts.allow)"}
         if choice in ("yes", "always"):
-            self._granted[host] = True
+            self._granted[key] = True
             return {"allowed": True, "reason": "yes this time"}
-        self._granted[host] = False
+        self._granted[key] = False
         return {"allowed": False, "reason": "the person said no"}

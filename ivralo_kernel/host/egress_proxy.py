@@ -23,6 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ivralo_kernel.protocol.egress import ALLOW_LIST
+from ivralo_kernel.protocol.egress_names import Target, normalize
 from ivralo_kernel.protocol.proxying import (
     TUNNEL_ESTABLISHED,
     BadRequest,
@@ -32,6 +34,7 @@ from ivralo_kernel.protocol.proxying import (
     response,
     splice,
 )
+from ivralo_kernel.protocol.terminal import terminal_safe
 
 
 def _nothing_to_wait_for() -> None:
@@ -90,6 +93,15 @@ class EgressProxy:
             threading.Thread(target=self._serve, args=(conn,), name="ivralo-egress", daemon=True).start()
 
     def _serve(self, conn: socket.socket) -> None:
+        """One connection, from its head to its end. Whatever the client sent, it gets an answer and
+        the host's log a line at most: never a traceback (the bytes are the kernel's to choose)."""
+        try:
+            self._serve_one(conn)
+        except Exception as exc:  # noqa: BLE001 - a connection's failure is that connection's alone
+            log.warning("ivralo egress proxy: a connection failed (%s)", terminal_safe(f"{type(exc).__name__}: {exc}"))
+            self._answer(conn, 500, "Internal Server Error", "ivralo egress proxy: the request could not be served")
+
+    def _serve_one(self, conn: socket.socket) -> None:
         try:
             head, rest = read_head(conn)
             request = parse_head(head)
@@ -99,7 +111,7 @@ class EgressProxy:
         try:
             verdict = self._decide(request.host, request.port)
         except Exception as exc:  # noqa: BLE001 - a failing decision is a refusal, never a hang
-            log.warning("ivralo: deciding %s:%s failed: %s", request.host, request.port, exc)
+            log.warning("ivralo: deciding %s:%s failed: %s", request.host, request.port, terminal_safe(str(exc)))
             verdict = Verdict(False, "the host could not decide")
         self.decisions.append((request.host, request.port, verdict.allowed))
         if not verdict.allowed:
@@ -108,13 +120,26 @@ class EgressProxy:
             status = f"Forbidden by ivralo: {request.host} refused ({_one_line(verdict.reason)})"
             self._answer(conn, 403, status, refusal_text(request, verdict.reason))
             return
-        try:  # resolved only now, after the decision
-            upstream = socket.create_connection((request.host, request.port), timeout=CONNECT_TIMEOUT_S)
-            upstream.settimeout(None)
+        try:  # resolved only now, after the decision; to what the name means, as it was judged
+            target = normalize(request.host)
+            addresses = _resolve(target.host, request.port)
+            surprise = _surprise(target, addresses) if verdict.reason != ALLOW_LIST else None
+            if surprise is not None:
+                verdict.recorded()
+                why = f"{request.host} resolves to {surprise}, which the question did not name"
+                status = f"Forbidden by ivralo: {request.host} refused ({why})"
+                text = (
+                    f"ivralo refused {request.host}:{request.port}: {why}. A name that DNS points at this "
+                    f"machine or your network is reached only when hosts.allow (.ivralo/permissions.json) "
+                    f"names it, or by its address, which the question then names."
+                )
+                self._answer(conn, 403, status, text)
+                return
+            upstream = _connect(addresses, request.port)
             closed = self.closed_peer(upstream.getpeername()) if self.closed_peer is not None else None
-        except OSError as exc:
+        except (OSError, ValueError) as exc:
             verdict.recorded()
-            why = exc.strerror or str(exc)
+            why = getattr(exc, "strerror", None) or str(exc)
             text = f"ivralo egress proxy: allowed, but {request.host}:{request.port} cannot be reached: {why}"
             self._answer(conn, 502, "Bad Gateway", text)
             return
@@ -146,6 +171,38 @@ class EgressProxy:
             conn.sendall(response(status, reason, text))
         with contextlib.suppress(OSError):
             conn.close()
+
+
+def _resolve(host: str, port: int) -> list[str]:
+    """The addresses a name has now, once: the connection goes to these, never to a second lookup
+    (which a rebinding DNS server could answer otherwise)."""
+    found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    return list(dict.fromkeys(str(sockaddr[0]) for *_, sockaddr in found))
+
+
+def _surprise(target: Target, addresses: list[str]) -> str | None:
+    """A public name that points at this machine or the person's network (``127.0.0.1.nip.io``, a
+    rebinding domain): the person was asked about the name, not about that place."""
+    if target.local:
+        return None
+    for address in addresses:
+        place = normalize(address)
+        if place.local:
+            return f"{place.host} ({place.place})"
+    return None
+
+
+def _connect(addresses: list[str], port: int) -> socket.socket:
+    error: OSError = OSError("the name has no address")
+    for address in addresses:
+        try:
+            upstream = socket.create_connection((address, port), timeout=CONNECT_TIMEOUT_S)
+        except OSError as exc:
+            error = exc
+            continue
+        upstream.settimeout(None)
+        return upstream
+    raise error
 
 
 def _one_line(text: str) -> str:

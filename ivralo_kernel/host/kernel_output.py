@@ -1,22 +1,22 @@
 """[host] What a kernel's tree writes to its stdout and stderr, passed on to the host's own.
 
 The kernel gets pipes, never the host's descriptors (a cell could otherwise write, seek or truncate
-the host's log file, or drive the person's terminal). Lines are passed on as text with control
-characters other than tab removed, so the kernel cannot send escape sequences to a terminal.
+the host's log file, or drive the person's terminal). Lines are passed on as text with every control
+character but tab and newline, and every bidi override, escaped (``protocol.terminal``), so the
+kernel cannot send escape sequences to a terminal.
 """
 
 from __future__ import annotations
 
 import sys
 import threading
-import unicodedata
 from typing import IO, Any
 
-_KEEP = {"\t", "\n"}
+from ivralo_kernel.protocol.terminal import terminal_safe
 
 
 def printable(text: str) -> str:
-    return "".join(c for c in text if c in _KEEP or unicodedata.category(c) != "Cc")
+    return terminal_safe(text, keep_newlines=True)
 
 
 def _copy_lines(source: IO[bytes], target: Any) -> None:

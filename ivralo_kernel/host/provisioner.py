@@ -534,6 +534,7 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
             interrupt=self._interrupt_now,
             backstop=self._backstop_line,
             requested=self.relay.requested if self.relay is not None else None,
+            replied=self.relay.replied if self.relay is not None else None,
             on_idle=self.history_recorder.poke if self.history_recorder is not None else None,
         )
         send = self.watchdog.send_control

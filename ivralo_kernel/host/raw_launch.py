@@ -11,7 +11,10 @@ jupyter_client provisioner. The supervisor it starts finds no host and hands ove
 2. The client's connection file is completed if it must be (no file, or ports 0: ipykernel's own
    behaviour), and a second one is written for the kernel, over ``ipc`` in its private run folder.
 3. The egress proxy, as the provisioner runs it, except that nobody is asked: the allow list alone
-   decides (a raw launch has no channel to a person's prompt of its own).
+   decides (a raw launch has no channel to a person's prompt of its own). And the deadline, as the
+   provisioner enforces it: the host's watchdog (interrupt, confirm, kill the tree), the
+   supervisor's backstop armed on this process's pipe, which only this process can disarm. The
+   kernel's own watchdog stays off: everything inside the sandbox is the cell's to stop or rewrite.
 4. The sandbox, built as the provisioner builds it, with the supervisor inside as its pid 1.
 5. The five channels relayed between the client's TCP ports and the kernel's sockets.
 6. Signals: SIGINT is passed to the supervisor (an interrupt); SIGTERM, SIGHUP, or the client's
@@ -28,9 +31,11 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
-from typing import Any, NoReturn
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from ivralo_kernel.host.closed_paths import TOOL_FILES_DEFAULT
 from ivralo_kernel.host.config_files import config_files
@@ -50,6 +55,13 @@ from ivralo_kernel.protocol.bootstrap import module_argv
 from ivralo_kernel.protocol.processes import from_returncode
 from ivralo_kernel.protocol.trust import is_trusted
 
+if TYPE_CHECKING:
+    from ivralo_kernel.host.channel_relay import ChannelRelay
+    from ivralo_kernel.host.watchdog import Watchdog
+
+# As the supervisor's own (supervisor/run.py SIGNAL_KILL_NOW): end the whole tree now.
+SIGNAL_KILL_NOW = signal.SIGUSR1
+SUPERVISOR_KILL_BUDGET_S = 3.0  # as the provisioner's: then SIGKILL, a supervisor that did not end the tree cannot
 TERM_GRACE_S = 5.0  # the supervisor's own grace (3 s) and its clean-up, before we end it ourselves
 PARENT_POLL_S = 0.5
 _WATCHED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGCHLD)
@@ -182,7 +194,12 @@ def _run(
     files = WorkspaceFiles(workspace)
     history = HistoryRecorder(workspace, TOOL_FILES_DEFAULT)  # before the kernel: what is there is not its own
     env = kernel_env(workspace, files, protected_in_sandbox(workspace))
-    life_r, life_w = os.pipe()  # the supervisor inside sees EOF when this process is gone
+    policy = KernelPolicy.from_env(os.environ, workspace)
+    if policy.deadline_ms:
+        env[names.ENV_HOST_ENFORCES_DEADLINE] = "1"
+    # The supervisor inside sees EOF when this process is gone; the deadline's backstop lines come on it.
+    life_r, life_w = os.pipe()
+    os.set_blocking(life_w, False)  # a wedged supervisor must not block this host's watchdog
     env[names.ENV_HOST_PIPE_FD] = str(life_r)
     inner_args = [*args]
     inner_args[inner_args.index("-f") + 1] = inner_file
@@ -244,21 +261,31 @@ def _run(
 
     proxy = EgressProxy(folder.egress_socket, decide)
     proxy.start()
-    ChannelRelay(client, inner).start()
+    relay = ChannelRelay(client, inner, watch_requests=bool(policy.deadline_ms))
+    relay.start()
     stop_by: float | None = None
     # Found once, then kept: a scan of the process table every half second costs CPU, and a scan
     # that races a process starting or ending in the tree could miss it and drop an interrupt.
     supervisor_process: psutil.Process | None = None
+
+    def supervisor_now() -> int | None:
+        nonlocal supervisor_process
+        if supervisor_process is None:
+            with contextlib.suppress(psutil.Error, TypeError):
+                supervisor_process = psutil.Process(find_in_tree(process.pid, SUPERVISOR_MODULE))  # type: ignore[arg-type]
+        # is_running() compares the start time too: a pid reused after the supervisor ended is not it.
+        return supervisor_process.pid if supervisor_process and supervisor_process.is_running() else None
+
+    watchdog = None
+    if policy.deadline_ms:
+        watchdog = deadline_watchdog(policy, client, process, relay, supervisor_now, lambda: life_w)
+        watchdog.start()
     while process.poll() is None:
         ready, _, _ = select.select([wake_r], [], [], PARENT_POLL_S)
         received = set(os.read(wake_r, 512)) if ready else set()
         if history.changed():  # the write guard kept a copy: recorded on the recorder's own thread
             history.poke()
-        if supervisor_process is None:
-            with contextlib.suppress(psutil.Error, TypeError):
-                supervisor_process = psutil.Process(find_in_tree(process.pid, SUPERVISOR_MODULE))  # type: ignore[arg-type]
-        # is_running() compares the start time too: a pid reused after the supervisor ended is not it.
-        supervisor = supervisor_process.pid if supervisor_process and supervisor_process.is_running() else None
+        supervisor = supervisor_now()
         if signal.SIGINT in received and supervisor is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(supervisor, signal.SIGINT)  # it passes the interrupt on to the kernel's group
@@ -279,10 +306,78 @@ def _run(
                 for pid in (supervisor, process.pid):
                     with contextlib.suppress(ProcessLookupError, TypeError):
                         os.kill(pid, signal.SIGKILL)  # type: ignore[arg-type]
+    if watchdog is not None:
+        watchdog.stop()
     proxy.close()
     files.end()
     history.close()
+    loss = watchdog.loss if watchdog is not None else None
+    if loss is not None and loss.cause.startswith("timeout"):
+        # Ended for its deadline, by this host or by the supervisor's backstop: the status says so
+        # either way, as timeout(1)'s does (VS Code shows it).
+        return names.DEADLINE_EXIT_STATUS
     return from_returncode(process.returncode)
+
+
+def deadline_watchdog(
+    policy: KernelPolicy,
+    client: dict[str, Any],
+    process: subprocess.Popen[bytes],
+    relay: ChannelRelay,
+    supervisor: Callable[[], int | None],
+    host_pipe: Callable[[], int],
+) -> Watchdog:
+    """The provisioner's watchdog, for this kernel's deadline: it reads the kernel's channels as any
+    client does, tells a client's execution from a "busy" the kernel published itself (the relay's
+    ``requested``) and a finished one from a kernel that only says so (``replied``), interrupts
+    through the supervisor, and keeps the supervisor's backstop armed on
+    this process's pipe. Its kill is the supervisor's kill-now, for the whole tree."""
+    from ivralo_kernel.host.escalation import DeadlinePolicy
+    from ivralo_kernel.host.watchdog import Watchdog, WatchdogSettings
+    from ivralo_kernel.protocol.pipe import KillAt, encode
+
+    assert policy.deadline_ms is not None
+    settings = WatchdogSettings(deadline=DeadlinePolicy(policy.deadline_ms, True, policy.interrupt_grace_ms))
+
+    def signal_supervisor(signum: int) -> None:
+        pid = supervisor()
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signum)
+
+    def kill_tree() -> None:
+        """Ask the supervisor (it kills the tree and exits); SIGKILL it after the budget. It is the
+        sandbox's pid 1: when it ends, by any signal, Linux ends every process inside."""
+        pid = supervisor()
+        signal_supervisor(SIGNAL_KILL_NOW)
+        if pid is None:
+            return
+
+        def finish() -> None:
+            if process.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+
+        timer = threading.Timer(SUPERVISOR_KILL_BUDGET_S, finish)
+        timer.daemon = True
+        timer.start()
+
+    def backstop(execution: str, kill_at: float | None) -> None:
+        with contextlib.suppress(OSError):  # full (a wedged supervisor) or closed: the watchdog still acts
+            os.write(host_pipe(), encode(KillAt(execution, kill_at)))
+
+    return Watchdog(
+        client,
+        process.pid,
+        settings,
+        kill_tree,
+        exit_status=process.poll,
+        interrupt=lambda: signal_supervisor(signal.SIGINT),
+        backstop=backstop,
+        requested=relay.requested,
+        replied=relay.replied,
+        turn=relay.turn,
+    )
 
 
 if __name__ == "__main__":

@@ -23,9 +23,8 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ivralo_kernel.host.broker import BrokerResponder
 from ivralo_kernel.host.broker_link import BrokerLink
 from ivralo_kernel.host.deadline_watch import DeadlineWatch
 from ivralo_kernel.host.escalation import DeadlinePolicy, Escalation, Phase
@@ -33,6 +32,9 @@ from ivralo_kernel.host.kernel_channels import KernelChannels
 from ivralo_kernel.host.memory_watch import MemoryWatch
 from ivralo_kernel.host.observer import Observer
 from ivralo_kernel.protocol import names
+
+if TYPE_CHECKING:  # the broker (sqlalchemy, httpx) is loaded by the host that has one, not by a raw launch
+    from ivralo_kernel.host.broker import BrokerResponder
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,8 @@ class Watchdog:
         interrupt: Callable[[], None] | None = None,
         backstop: Callable[[str, float | None], None] | None = None,
         requested: Callable[[str], bool] | None = None,
+        replied: Callable[[str], bool] | None = None,
+        turn: Callable[[float], tuple[str, float] | None] | None = None,
         on_idle: Callable[[], None] | None = None,
     ) -> None:
         self.settings = settings
@@ -90,6 +94,10 @@ class Watchdog:
         self._on_loss = on_loss
         # Did a client send this execute_request? (Seen by the relay; None: no relay, trust the kernel.)
         self._requested = requested
+        # Which client request holds the kernel now, by the relay's count of requests and replies
+        # (None: "busy" alone starts a deadline). Only requests from this watchdog's start on.
+        self._turn = turn
+        self._started = clock()
         self._on_idle = on_idle  # an execution ended (the history recorder's cue)
         self.channels = KernelChannels(connection_info)
         self.observer = Observer(root_pid, settings.stall_window_ms, clock, exchange_dir=settings.exchange_dir)
@@ -100,7 +108,9 @@ class Watchdog:
         # the supervisor is not the launched process: bwrap would die of it).
         signal_interrupt = interrupt or (lambda: os.killpg(root_pid, signal.SIGINT))
         self.deadlines = (
-            DeadlineWatch(settings.deadline, root_pid, clock, self._kill, signal_interrupt, backstop, self._log)
+            DeadlineWatch(
+                settings.deadline, root_pid, clock, self._kill, signal_interrupt, backstop, self._log, replied
+            )
             if settings.deadline is not None
             else None
         )
@@ -176,6 +186,8 @@ class Watchdog:
                     self._check_memory()
                     self._check_exit()
                 if self.deadlines is not None and self.loss is None:
+                    if self._turn is not None and (holding := self._turn(self._started)) is not None:
+                        self.deadlines.on_turn(*holding)
                     self.deadlines.advance(now, channels, self._on_control)
         except Exception:  # noqa: BLE001 - a watchdog that dies silently is worse than a logged one
             self._log.exception("ivralo watchdog for pid %s stopped", self.root_pid)

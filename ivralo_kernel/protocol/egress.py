@@ -19,7 +19,6 @@ grant list nobody wrote.
 from __future__ import annotations
 
 import fnmatch
-import ipaddress
 import json
 import os
 from collections.abc import Mapping
@@ -29,6 +28,7 @@ from pathlib import Path
 from ivralo_kernel.protocol import names
 from ivralo_kernel.protocol.config_files import read_json_file
 from ivralo_kernel.protocol.credentials import config_home
+from ivralo_kernel.protocol.egress_names import HostNameError, Target, is_this_machine, normalize
 
 PERMISSIONS_FILE = "permissions.json"
 # An entry without a port ("api.example.com") is reached over HTTP or HTTPS in nearly every case;
@@ -37,15 +37,12 @@ PORTS_OF_A_HOST_WITHOUT_PORT = (80, 443)
 
 
 LOOPBACK = "loopback"  # the allow-list keyword for every loopback name and address
+ALLOW_LIST = "hosts.allow"  # the reason of a decision the allow list made (the person's own entry)
 
 
 def is_loopback(host: str) -> bool:
-    if host == "localhost" or host.endswith(".localhost"):
-        return True
-    try:
-        return ipaddress.ip_address(host.split("%", 1)[0]).is_loopback
-    except ValueError:
-        return False
+    """Whether a connection to this name reaches this machine, in any spelling (see egress_names)."""
+    return is_this_machine(host)
 
 
 @dataclass(frozen=True)
@@ -53,11 +50,17 @@ class AllowEntry:
     host: str  # lower-cased; may start with "*."
     port: int | None = None
 
-    def matches(self, host: str, port: int | None) -> bool:
+    def matches(self, target: Target, port: int | None) -> bool:
+        """By what the name means (``0x7f000001`` is 127.0.0.1); a name entry also by the name as
+        written (``*.localhost`` matches ``api.localhost``, which means localhost)."""
         if self.port is not None and port != self.port:
             return False
         if self.host == LOOPBACK:
-            return is_loopback(host)
+            return target.this_machine
+        spellings = {target.host} if target.numeric else {target.host, target.written}
+        return any(self._matches(name) for name in spellings)
+
+    def _matches(self, host: str) -> bool:
         if self.host.startswith("*."):
             return host.endswith(self.host[1:]) and host != self.host[2:]
         return fnmatch.fnmatchcase(host, self.host) if "*" in self.host else host == self.host
@@ -84,12 +87,15 @@ class EgressPolicy:
 
     def judge(self, host: str, port: int | None) -> tuple[bool | None, str]:
         """(True: allowed | False: refused | None: unknown, the reason in a few words)."""
-        host = host.lower().rstrip(".")
         if self.closed:
             return False, f"the permissions file is malformed ({self.problems[0]})"
+        try:
+            target = normalize(host)
+        except HostNameError as exc:
+            return False, str(exc)
         for entry in self.allow:
-            if entry.matches(host, port):
-                return True, "hosts.allow"
+            if entry.matches(target, port):
+                return True, ALLOW_LIST
         return None, "not in hosts.allow"
 
 
@@ -101,7 +107,14 @@ def _parse_entry(text: str, where: str) -> AllowEntry:
         raise ValueError(f'{where}: "{text}" is not a host name')
     if port and not (port.isdigit() and 0 < int(port) < 65536):
         raise ValueError(f'{where}: "{text}" has a port that is not 1-65535')
-    return AllowEntry(host.lower().rstrip("."), int(port) if port else None)
+    host = host.lower().rstrip(".")
+    if "*" not in host and host != LOOPBACK:
+        try:  # an address in any spelling is kept as the address it means ("127.1" is 127.0.0.1)
+            meant = normalize(host)
+        except HostNameError as exc:
+            raise ValueError(f'{where}: "{text}" is not a host name ({exc})') from None
+        host = meant.host if meant.numeric else host
+    return AllowEntry(host, int(port) if port else None)
 
 
 def _line_of(text: str, needle: str) -> int:

@@ -76,6 +76,9 @@ ENV_EGRESS_SOCKET: Final = "IVRALO_EGRESS_SOCKET"  # the host's egress proxy (a 
 # A pipe's read end whose writer only the host holds: EOF means the host process is gone (inside a
 # sandbox the supervisor's parent is bwrap, which outlives the host; a thread's exit is not a death).
 ENV_HOST_PIPE_FD: Final = "IVRALO_HOST_PIPE_FD"
+# Set by a raw launch's host (never by the kernel): it enforces the deadline as the provisioner does,
+# so the supervisor takes the backstop's arming and disarming from the host's pipe alone.
+ENV_HOST_ENFORCES_DEADLINE: Final = "IVRALO_HOST_ENFORCES_DEADLINE"
 # A pipe's write end the host passes through bwrap: the supervisor's first act is one line on it
 # (PIPE_STAGE + STAGE_SANDBOX_BUILT). EOF before that line means bwrap exited without building the
 # sandbox, and the host fails the start (or falls back) at once, with bwrap's own words.

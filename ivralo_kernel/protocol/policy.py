@@ -113,6 +113,8 @@ class KernelPolicy:
             fields["landlock"] = False
         if env.get(names.ENV_LANDLOCK_NETWORK, "").lower() in ("1", "on", "true", "yes"):
             fields["landlock_network"] = True
+        if env.get(names.ENV_HOST_ENFORCES_DEADLINE) == "1":
+            fields["host_enforces_deadline"] = True
         if env.get(names.ENV_ROLE):
             fields["role"] = env[names.ENV_ROLE]
         if env.get(names.ENV_AUDIENCE):

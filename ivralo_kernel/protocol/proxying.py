@@ -13,7 +13,13 @@ import threading
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from ivralo_kernel.protocol.egress_names import HostNameError, normalize
+from ivralo_kernel.protocol.terminal import terminal_safe
+
 MAX_HEAD_BYTES = 64 * 1024
+# A client that opens a connection and sends no head (or one byte a minute) holds a thread: the head
+# must be in within this long. Only the head: a tunnel's bytes afterwards may be as slow as they like.
+HEAD_TIMEOUT_S = 30.0
 _HOP_BY_HOP = (b"proxy-connection", b"proxy-authorization", b"connection", b"keep-alive")
 
 
@@ -54,36 +60,56 @@ class ProxyRequest:
 def read_head(conn: socket.socket) -> tuple[bytes, bytes]:
     """Read through the blank line that ends the head; returns (head, bytes already read after it)."""
     data = b""
-    while b"\r\n\r\n" not in data:
-        if len(data) > MAX_HEAD_BYTES:
-            raise BadRequest("request head too large")
-        chunk = conn.recv(65536)
-        if not chunk:
-            raise BadRequest("connection closed before the request head ended")
-        data += chunk
+    conn.settimeout(HEAD_TIMEOUT_S)
+    try:
+        while b"\r\n\r\n" not in data:
+            if len(data) > MAX_HEAD_BYTES:
+                raise BadRequest(f"the request head is larger than {MAX_HEAD_BYTES // 1024} KiB")
+            try:
+                chunk = conn.recv(65536)
+            except TimeoutError:
+                raise BadRequest(f"no complete request head within {HEAD_TIMEOUT_S:.0f} s") from None
+            if not chunk:
+                raise BadRequest("connection closed before the request head ended")
+            data += chunk
+    finally:
+        conn.settimeout(None)
     end = data.index(b"\r\n\r\n") + 4
+    if end > MAX_HEAD_BYTES:
+        raise BadRequest(f"the request head is larger than {MAX_HEAD_BYTES // 1024} KiB")
     return data[:end], data[end:]
 
 
 def parse_head(head: bytes) -> ProxyRequest:
     try:
         line = head.split(b"\r\n", 1)[0].decode("ascii")
-        method, target, _version = line.split(" ")
+        method, target, version = line.split(" ")
+        if not version.startswith("HTTP/") or not method.isalpha():
+            raise ValueError(version)
     except (UnicodeDecodeError, ValueError):
-        raise BadRequest("not an HTTP request line") from None
+        raise BadRequest("not an HTTP request line (METHOD TARGET HTTP/1.1, in ASCII)") from None
+    shown = terminal_safe(target[:80])
     if method == "CONNECT":
         host, _, port_text = target.rpartition(":")
         if not host or not port_text.isdigit():
-            raise BadRequest(f"CONNECT needs host:port, got {target[:80]!r}")
+            raise BadRequest(f"CONNECT needs host:port, got {shown!r}")
         port = int(port_text)
     else:
-        parts = urlsplit(target)
-        if parts.scheme != "http" or not parts.hostname:
+        try:  # urlsplit raises for a bad port or bracket ("http://h:99999/", "http://[::1/")
+            parts = urlsplit(target)
+            hostname, port = parts.hostname, parts.port or 80
+        except ValueError as exc:
+            raise BadRequest(f"{terminal_safe(str(exc))} in {shown!r}") from None
+        if parts.scheme != "http" or not hostname:
             raise BadRequest("a plain request must name an http:// URL (HTTPS goes through CONNECT)")
-        host, port = parts.hostname, parts.port or 80
+        host = hostname
+    if not 0 < port < 65536:
+        raise BadRequest(f"the port is not 1-65535 in {shown!r}")
+    try:
+        normalize(host)
+    except HostNameError as exc:
+        raise BadRequest(f"{exc}: {shown!r}") from None
     host = host.strip("[]").lower().rstrip(".")
-    if not host or not 0 < port < 65536:
-        raise BadRequest(f"no valid host and port in {target[:80]!r}")
     return ProxyRequest(method, host, port, target, head)
 
 

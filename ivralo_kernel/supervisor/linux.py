@@ -10,6 +10,7 @@ import ctypes
 import sys
 
 PR_SET_PDEATHSIG = 1
+PR_SET_DUMPABLE = 4
 PR_SET_CHILD_SUBREAPER = 36
 KEYCTL_JOIN_SESSION_KEYRING = 1
 
@@ -35,6 +36,12 @@ def set_child_subreaper() -> bool:
 def set_parent_death_signal(signum: int) -> bool:
     """Ask the kernel of the OS to send ``signum`` when our parent (thread) exits."""
     return prctl(PR_SET_PDEATHSIG, signum)
+
+
+def set_not_dumpable() -> bool:
+    """No process of the same user (the kernel, in the sandbox) may ptrace us or read or write our
+    memory: the deadline's backstop and the host's pipe live here. (The kernel's exec resets it.)"""
+    return prctl(PR_SET_DUMPABLE, 0)
 
 
 def leave_the_session_keyring(keyctl_nr: int) -> bool:

@@ -54,6 +54,14 @@ class Relay:
         for listener in self._listeners:
             threading.Thread(target=self._accept, args=(listener,), name="ivralo-relay", daemon=True).start()
 
+    def close(self) -> None:
+        """Stop listening (the supervisor's relay lives as long as the sandbox; a test's, less)."""
+        for listener in self._listeners:
+            with contextlib.suppress(OSError):
+                listener.shutdown(socket.SHUT_RDWR)
+            with contextlib.suppress(OSError):
+                listener.close()
+
     def _accept(self, listener: socket.socket) -> None:
         while True:
             try:
@@ -63,12 +71,24 @@ class Relay:
             threading.Thread(target=self._serve, args=(conn,), name="ivralo-relay-conn", daemon=True).start()
 
     def _serve(self, conn: socket.socket) -> None:
+        """One connection; whatever the client sent, never a traceback on the kernel's stderr."""
+        try:
+            self._serve_one(conn)
+        except Exception as exc:  # noqa: BLE001 - a connection's failure is that connection's alone
+            with contextlib.suppress(OSError):
+                text = f"ivralo relay: the request could not be served ({type(exc).__name__})"
+                conn.sendall(response(500, "Internal Server Error", text))
+            with contextlib.suppress(OSError):
+                conn.close()
+
+    def _serve_one(self, conn: socket.socket) -> None:
         try:
             head, rest = read_head(conn)
             request = parse_head(head)
         except (BadRequest, OSError) as exc:
             with contextlib.suppress(OSError):
                 conn.sendall(response(400, "Bad Request", f"ivralo relay: {exc}"))
+            with contextlib.suppress(OSError):
                 conn.close()
             return
         local = self._inside(request.host, request.port)

@@ -229,6 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     workspace = policy.workspace
     _reexec_without_secrets(workspace)  # step 1
 
+    linux.set_not_dumpable()  # the kernel can neither trace us nor write our memory (our backstop)
     subreaper = linux.set_child_subreaper()  # step 2
     death_signal = linux.set_parent_death_signal(SIGNAL_PARENT_DIED)  # step 3
     filtered = _seccomp()
