@@ -16,7 +16,7 @@ import pytest
 from ivralo_kernel.cli.app import main
 from ivralo_kernel.guards.history import History
 from ivralo_kernel.host import Session, SyncSession, WorkerConfig
-from ivralo_kernel.host.history_ledger import MAX_INDEX_BYTES, HistoryRecorder
+from ivralo_kernel.host.history_ledger import MAX_INDEX_BYTES, HistoryRecorder, closed_reason
 from ivralo_kernel.host.history_store import HistoryError, HistoryStore, NewerChangeError
 from ivralo_kernel.protocol.history_index import INDEX, copy_id, parse_line
 
@@ -398,3 +398,14 @@ def test_a_readonly_session_restores_nothing(workspace: Path) -> None:
                 await session.restore("abcd1234")
 
     asyncio.run(check())
+
+
+@pytest.mark.fast
+def test_with_the_workspace_holding_the_home_folder_no_restore_writes_its_dot_entries() -> None:
+    """The sandbox keeps every dot-entry of the home folder closed, existing or not (JupyterLab
+    started in ``$HOME``): a restore is refused there as well, and the home folder's other files are not."""
+    assert "home folder's .ssh" in (closed_reason(".ssh/authorized_keys", home="") or "")
+    assert "home folder's .bashrc" in (closed_reason("alice/.bashrc", home="alice") or "")
+    assert closed_reason("alice/notes.txt", home="alice") is None
+    assert closed_reason("bob/.bashrc", home="alice") is None  # not the home folder: a project's file
+    assert closed_reason(".bashrc") is None  # no home folder in the workspace

@@ -64,7 +64,17 @@ class Recorded:
     sha256: str
 
 
-def closed_reason(rel: str, tool_files: Iterable[str] = TOOL_FILES_DEFAULT) -> str | None:
+def home_inside(workspace: str) -> str | None:
+    """The person's home folder relative to ``workspace`` when the workspace holds it ("" when it is
+    the home folder: JupyterLab started there), else None."""
+    home = os.path.realpath(os.path.expanduser("~"))
+    workspace = os.path.realpath(workspace)
+    if home == workspace:
+        return ""
+    return os.path.relpath(home, workspace) if home.startswith(workspace.rstrip(os.sep) + os.sep) else None
+
+
+def closed_reason(rel: str, tool_files: Iterable[str] = TOOL_FILES_DEFAULT, home: str | None = None) -> str | None:
     """Why a file of the workspace (``rel``, relative) is one no restore writes, or None. The paths
     the sandbox keeps read-only (host/sandbox.py's CLOSED_SEED and tool files), at any depth (a
     subfolder opened on its own in an editor runs its own ``.vscode``; a repository in a subfolder
@@ -80,6 +90,10 @@ def closed_reason(rel: str, tool_files: Iterable[str] = TOOL_FILES_DEFAULT) -> s
             continue
         if any(folded[i : i + len(want)] == want for i in range(len(folded))):
             return f"{rel} is under {closed}, which code in the kernel may not write"
+    if home is not None:  # the sandbox keeps every dot-entry of the home folder closed, existing or not
+        under = parts[len(home.split(os.sep)) :] if home else parts
+        if (not home or parts[: len(home.split(os.sep))] == home.split(os.sep)) and under and under[0].startswith("."):
+            return f"{rel} is under the home folder's {under[0]}, which code in the kernel may not write"
     name = folded[-1]
     if name == names.DOTENV_FILE or name.startswith(".env."):
         return f"{rel} is a .env file, which code in the kernel may not write"
@@ -290,7 +304,7 @@ class HistoryRecorder:
         rel = inside_path(self.workspace, entry.path)
         if rel is None:
             return f"{entry.path} is not a file inside the workspace"
-        why = closed_reason(rel, self.tool_files)
+        why = closed_reason(rel, self.tool_files, home_inside(self.workspace))
         if why is not None:
             return why + ": the write guard never keeps such a copy"
         if entry.ns < self.started_ns - START_SLACK_NS:

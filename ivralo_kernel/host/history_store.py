@@ -45,6 +45,7 @@ from ivralo_kernel.host.history_ledger import (
     Recorded,
     closed_reason,
     copy_digest,
+    home_inside,
     inside_path,
     read_index,
 )
@@ -356,7 +357,7 @@ class HistoryStore:
                 "workspace was moved or renamed, or the line is not the write guard's). Nothing was changed; copy "
                 f"it out of {names.HISTORY_DIR}/{entry.copy} yourself if you need it"
             )
-        why = closed_reason(rel, self.tool_files)
+        why = closed_reason(rel, self.tool_files, home_inside(self.workspace))
         if why is not None:
             raise HistoryError(
                 f"copy {entry.id} would be restored to {rel}, where code may not write ({why}; closed: .git, "
