@@ -14,6 +14,8 @@ Two jobs:
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import threading
 import time
@@ -28,6 +30,28 @@ from ivralo_kernel.protocol import names
 # the supervisor acts and the caller answered ~15 ms later, so 0.12 s keeps the promised
 # deadline + grace + 250 ms. If both act, both kill the same tree: harmless.
 BACKSTOP_SLACK_S = 0.12
+
+
+def interrupt_cell(main_thread: int) -> None:
+    """Interrupt the cell as a terminal's Ctrl-C does: SIGINT to the kernel's main thread, and to
+    the other processes of its group (the cell's children: ``subprocess.run`` of a program).
+
+    The kernel's own SIGINT is thread-directed: a process-directed one (killpg) is taken by whichever
+    thread Linux picks, often a running user thread, and then a main thread blocked in ``join()`` or a
+    lock never wakes. A child that got no SIGINT of its own is waited for by ``Popen`` for 0.25 s,
+    then killed: on a loaded machine that outlasted the grace, and the whole kernel was killed for it.
+    """
+    signal.pthread_kill(main_thread, signal.SIGINT)
+    me = os.getpid()
+    group = os.getpgid(0)
+    if group != me:  # not a group of our own (no supervisor gave us one): signal nobody else's
+        return
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        with contextlib.suppress(OSError):  # gone meanwhile, or not ours to ask about
+            if os.getpgid(int(entry)) == group:
+                os.kill(int(entry), signal.SIGINT)
 
 
 class DeadlineNotices:
@@ -123,4 +147,4 @@ class InKernelWatchdog:
                     continue
                 self._current = None  # one interrupt per execution; the supervisor does the rest
             self._notices.add(msg_id, self.deadline_ms)
-            signal.pthread_kill(self._main, signal.SIGINT)
+            interrupt_cell(self._main)

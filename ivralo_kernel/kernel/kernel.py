@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import signal
 import sys
 import threading
 import time
@@ -31,7 +30,7 @@ from ivralo_kernel.guards.network import hosts_tried_line
 from ivralo_kernel.kernel import api, dataplane, surface_magics
 from ivralo_kernel.kernel.broker_client import BROKER, HOST_CONNECT_TIMEOUT_S
 from ivralo_kernel.kernel.cell_checks import SecurityError, install_cell_checks, make_hermetic
-from ivralo_kernel.kernel.deadline import DeadlineNotices, InKernelWatchdog, SupervisorBackstop
+from ivralo_kernel.kernel.deadline import DeadlineNotices, InKernelWatchdog, SupervisorBackstop, interrupt_cell
 from ivralo_kernel.kernel.effects import EffectsRecorder
 from ivralo_kernel.kernel.launch_state import STATE
 from ivralo_kernel.kernel.pip_magic import guarded_pip
@@ -249,7 +248,7 @@ class IvraloKernel(compat.KernelOverrides, IPythonKernel):
             self.deadline_notices.add(msg_id, deadline_ms)
             main = threading.main_thread().ident
             assert main is not None
-            signal.pthread_kill(main, signal.SIGINT)
+            interrupt_cell(main)
             interrupted = True
         reply = {"status": "ok" if ok else "error", "interrupted": interrupted}
         self._reply(stream, ident, parent, "ivralo_deadline_notice_reply", reply)
