@@ -222,8 +222,7 @@ class SandboxStart:
         said = b""
         try:
             while b"\n" not in said:
-                ready, _, _ = select.select([self.read_fd], [], [], max(0.0, deadline - time.monotonic()))
-                if not ready:
+                if not _readable(self.read_fd, deadline):
                     return None  # slow, not failed: the bootstrap budget decides
                 chunk = os.read(self.read_fd, 256)
                 if not chunk:
@@ -260,6 +259,14 @@ class SandboxStart:
             self.write_fd = -1
 
 
+def _readable(fd: int, deadline: float) -> bool:
+    """Whether ``fd`` has something to read (or its end) before ``deadline``: poll, not select, whose
+    descriptors stop at 1023 (a host with many kernels open has its new ones above that)."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(max(0.0, deadline - time.monotonic()) * 1000))
+
+
 def _read_to_end(stream: IO[bytes] | None, timeout: float) -> str:
     """What is left on a dead process's pipe (a child of it that still holds the write end: cut short)."""
     if stream is None:
@@ -268,8 +275,7 @@ def _read_to_end(stream: IO[bytes] | None, timeout: float) -> str:
     deadline = time.monotonic() + timeout
     data = b""
     while len(data) < 65536:
-        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
-        if not ready:
+        if not _readable(fd, deadline):
             break
         chunk = os.read(fd, 65536)
         if not chunk:
