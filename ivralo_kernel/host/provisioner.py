@@ -162,7 +162,7 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
                 return await self._adopt(spare, kwargs)
         policy = self.policy_for(str(kwargs.get("cwd") or os.getcwd()))
         bwrap = self._choose_sandbox()
-        if bwrap is not None and self._sandbox_folder is None:
+        if self._sandbox_folder is None:  # the fallback's too: its ipc sockets and the proxy's socket
             self._sandbox_folder = SandboxFolder.create()
         if self.exchange_dir is None:
             self.exchange_dir = create_exchange_folder()
@@ -223,12 +223,18 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
             os.set_blocking(self._host_pipe[1], False)  # a wedged supervisor must not block the watchdog
         env[names.ENV_HOST_PIPE_FD] = str(self._host_pipe[0])
         kwargs["pass_fds"] = (self._host_pipe[0],)
+        # The kernel's Jupyter links are ipc sockets in its run folder, relayed by the host, with or
+        # without the sandbox: the person is asked on the relay, and the fallback's TCP rule cuts nothing.
+        cmd, inner_file, connection_file = self._relayed(list(kwargs["cmd"]))
+        env[names.ENV_EGRESS_SOCKET] = self._egress_socket()
+        env[names.ENV_RELAY_PORT] = str(names.RELAY_PORT_ANY)  # the fallback's: the supervisor picks one
         if bwrap is None:
             env[names.ENV_SANDBOX] = self.sandbox_reason
+            kwargs["cmd"] = cmd
             return kwargs
-        self._fallback_launch = (list(kwargs["cmd"]), dict(env))  # if bwrap exits without building it
+        self._fallback_launch = (cmd, dict(env))  # if bwrap exits without building it
         self._add_host_note(env, f"OS sandbox built with {self.bwrap_report}")
-        kwargs["cmd"] = self._sandboxed(bwrap, policy.workspace, list(kwargs["cmd"]), env)
+        kwargs["cmd"] = self._sandboxed(bwrap, policy.workspace, cmd, env, inner_file, connection_file)
         return kwargs
 
     def _choose_sandbox(self) -> str | None:
@@ -251,12 +257,20 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
     def _add_host_note(env: dict[str, str], line: str) -> None:
         env[names.ENV_HOST_NOTES] = "\n".join(filter(None, (env.get(names.ENV_HOST_NOTES), line)))
 
-    def _sandboxed(self, bwrap: str, workspace: str, cmd: list[str], env: dict[str, str]) -> list[str]:
+    def _egress_socket(self) -> str:
+        """The host's egress proxy (started once per provisioner), on a unix socket in the run folder."""
         folder = self._sandbox_folder
         assert folder is not None
         if self.egress_proxy is None:
             self.egress_proxy = EgressProxy(folder.egress_socket, self._decide_egress, self._closed_peer)
             self.egress_proxy.start()
+        return folder.egress_socket
+
+    def _relayed(self, cmd: list[str]) -> tuple[list[str], str, str]:
+        """``cmd`` with the kernel's own connection file, and the relay between it and the clients'.
+        Returns the command, the kernel's connection file and the clients'."""
+        folder = self._sandbox_folder
+        assert folder is not None
         # The kernel's sockets are ipc files in its run folder; the clients' (TCP as Jupyter's default, or
         # what they asked for) are the relay's, outside the sandbox. The relay also shows the host every
         # request clients send on shell, which code in the kernel cannot forge.
@@ -274,7 +288,13 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
             self.relay.start()
         else:  # a restart: the old kernel's executions never reply
             self.relay.end_questions()
-        cmd = [inner_file if part == connection_file else part for part in cmd]
+        return [inner_file if part == connection_file else part for part in cmd], inner_file, connection_file
+
+    def _sandboxed(
+        self, bwrap: str, workspace: str, cmd: list[str], env: dict[str, str], inner_file: str, connection_file: str
+    ) -> list[str]:
+        folder = self._sandbox_folder
+        assert folder is not None
         return sandboxed_command(
             bwrap,
             folder,
@@ -485,17 +505,13 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
         self.log.warning("ivralo: %s", failure)
         self.sandboxed = False
         _discard(self.process)
-        if self.relay is not None:  # it holds the clients' ports: the kernel binds them itself now
-            self.relay.close()
-            self.relay = None
-        self._kernel_side = None
         if self.sandbox == "required" or self._fallback_launch is None:
             await self.cleanup(restart=False)
             self.process = None  # nothing runs: jupyter_client sees no kernel
             raise SandboxUnavailable(_required_but(failure))
-        if self.egress_proxy is not None:
-            self.egress_proxy.close()
-            self.egress_proxy = None
+        # The relay and the egress proxy stay: the fallback's kernel uses them as the sandbox's would.
+        if self._sandbox_folder is not None:
+            self._sandbox_folder.clear_kernel_sockets()
         self._sandbox_failed = self.sandbox_reason = failure
         cmd, env = self._fallback_launch
         env = {**env, names.ENV_SANDBOX: self.sandbox_reason}

@@ -29,7 +29,7 @@ from ivralo_kernel.protocol import names, pipe
 
 PROXY_URL = f"http://127.0.0.1:{names.RELAY_PORT}"
 CHANNELS = ("shell", "iopub", "stdin", "control", "hb")
-PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")
+PROXY_VARIABLES = names.PROXY_VARIABLES
 # How long a start waits for the supervisor's "sandbox built" line. bwrap builds the sandbox in
 # milliseconds and the supervisor says so before it imports anything heavy; a machine slower than
 # this is left to the bootstrap budget (the wait ends, the start goes on), never failed here.

@@ -38,7 +38,12 @@ from ivralo_kernel.kernel.broker_client import BROKER
 from ivralo_kernel.kernel.egress_judge import egress_judge
 from ivralo_kernel.kernel.launch_state import STATE
 from ivralo_kernel.kernel.mounts import read_only_mounts_inside
-from ivralo_kernel.kernel.sandbox_report import SANDBOX_DIRECT_REFUSAL, fallback_note, sandbox_layers
+from ivralo_kernel.kernel.sandbox_report import (
+    FALLBACK_DIRECT_REFUSAL,
+    SANDBOX_DIRECT_REFUSAL,
+    fallback_note,
+    sandbox_layers,
+)
 from ivralo_kernel.kernel.stages import SupervisorPipe, write_failure
 from ivralo_kernel.protocol import KernelPolicy, audience, default_memory_limit, names
 from ivralo_kernel.protocol.closed_names import TOOL_FILES_DEFAULT
@@ -102,9 +107,34 @@ def _private_tmp() -> str:
 def _tcp_floor_ports(policy: KernelPolicy, workspace: str) -> tuple[int, ...] | None:
     """Ports of the hosts allowed now (None: no TCP floor wanted). Read here, before the read guard
     closes .ivralo/; a host allowed later ("yes", "always") cannot widen a Landlock domain."""
+    proxy = _fallback_proxy_port()
+    if proxy is not None:
+        # The fallback with the host's egress proxy: the kernel's Jupyter links are ipc, so the one TCP
+        # port its tree needs is the proxy's; curl, pip, ctypes reach the network only through it.
+        return (proxy,)
     if not policy.landlock_network:
         return None
     return load_egress_policy(workspace, os.environ).connect_ports()
+
+
+def _fallback_refusal() -> str | None:
+    """In the fallback whose TCP rule lets the tree reach the proxy only: direct links are refused with
+    the reason, asking nobody (the OS would refuse them anyway)."""
+    port = _fallback_proxy_port()
+    if port is None or STATE.tcp_floor != (port,):
+        return None
+    return FALLBACK_DIRECT_REFUSAL.replace("{port}", str(port))
+
+
+def _fallback_proxy_port() -> int | None:
+    """Outside the sandbox, the loopback port the supervisor relays to the host's egress proxy."""
+    if os.environ.get(names.ENV_SANDBOX) == names.SANDBOX_BWRAP or not os.environ.get(names.ENV_EGRESS_SOCKET):
+        return None
+    try:
+        port = int(os.environ.get(names.ENV_RELAY_PORT) or "")
+    except ValueError:
+        return None
+    return port if 0 < port < 65536 else None
 
 
 def _tcp_floor_report(ports: tuple[int, ...] | None, result: LandlockResult) -> str:
@@ -332,11 +362,14 @@ def main() -> None:
             egress_judge(workspace),
             tcp_floor=STATE.tcp_floor,
             tree_root=tree_root,
-            direct_refusal=SANDBOX_DIRECT_REFUSAL if sandboxed else None,
+            direct_refusal=SANDBOX_DIRECT_REFUSAL if sandboxed else _fallback_refusal(),
         )
-        STATE.layers |= sandbox_layers(os.environ.get(names.ENV_SANDBOX, ""), STATE.layers.get("landlock", ""))
+        proxy = None if sandboxed else _fallback_proxy_port()
+        STATE.layers |= sandbox_layers(
+            os.environ.get(names.ENV_SANDBOX, ""), STATE.layers.get("landlock", ""), proxy, STATE.tcp_floor is not None
+        )
         if not sandboxed:
-            STATE.notes.append(fallback_note(os.environ.get(names.ENV_SANDBOX, "")))
+            STATE.notes.append(fallback_note(os.environ.get(names.ENV_SANDBOX, ""), proxy, STATE.tcp_floor is not None))
         app = _build_app()  # step 6
         file_guard.starting = False  # from here on, the kernel's own folders are closed too
         STATE.network.starting = False

@@ -1,0 +1,100 @@
+"""The fallback's network and Jupyter links (no sandbox can be built, or ``sandbox="off"``).
+
+The kernel's own Jupyter sockets are ``ipc`` files in its private run folder, relayed by the host as
+in the sandbox, so the host asks the person on the relay's stdin again. The supervisor relays a
+loopback port to the host's egress proxy, and Landlock's TCP rule lets the kernel's tree connect to
+that port only: curl, a Python child and ctypes reach a loopback server only through the proxy,
+after a yes. Judged from outside the kernel: the loopback server's hits and files on disk.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import FALLBACK_KERNEL
+from jupyter_client.blocking.client import BlockingKernelClient
+from jupyter_client.manager import KernelManager
+from kernel_helpers import execute
+from sandbox_cases import counting_http
+from test_egress_answer import QUESTION, as_a_person
+
+from ivralo_kernel.guards import landlock
+
+pytestmark = pytest.mark.timeout(180)
+TCP_RULE = landlock.abi() >= 4
+
+DIRECT = r"""
+import ctypes, json, subprocess, sys
+port = {port}
+out = {{}}
+out["sh"] = subprocess.run(["sh", "-c", f"curl -s --noproxy '*' -m 5 http://127.0.0.1:{{port}}/sh; echo rc=$?"],
+                           capture_output=True, text=True).stdout
+child = (
+    f"import socket\ntry:\n socket."
+    f"create_connection(('127.0.0.1', {{port}}), 5).sendall(b'GET /child HTTP/1.0\\r\\n\\r\\n')"
+    "\n print('connected')\nexcept OSError as e:\n print('refused', e.errno)"
+)
+out["child"] = subprocess.run([sys.executable, "-I", "-c", child], capture_output=True, text=True).stdout
+libc = ctypes.CDLL(None, use_errno=True)
+fd = libc.socket(2, 1, 0)
+addr = (ctypes.c_ubyte * 16)(2, 0, port >> 8, port & 255, 127, 0, 0, 1)
+rc = libc.connect(fd, addr, 16)
+out["ctypes"] = (rc, ctypes.get_errno())
+if rc == 0:
+    libc.send(fd, b"GET /ctypes HTTP/1.0\r\n\r\n", 24, 0)
+print("RESULT", json.dumps(out))
+"""
+
+
+@pytest.fixture
+def fallback(workspace: Path) -> Iterator[BlockingKernelClient]:
+    manager = KernelManager(kernel_name=FALLBACK_KERNEL)
+    manager.start_kernel(cwd=str(workspace))
+    client = manager.client()
+    client.start_channels()
+    try:
+        client.wait_for_ready(timeout=60)
+        yield client
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)
+
+
+def result(stdout: str) -> dict[str, object]:
+    line = next(line for line in stdout.splitlines() if line.startswith("RESULT "))
+    return dict(json.loads(line.removeprefix("RESULT ")))
+
+
+@pytest.mark.skipif(not TCP_RULE, reason="Landlock's TCP rule needs ABI 4 (Linux >= 6.7)")
+def test_a_direct_connect_from_sh_a_python_child_or_ctypes_reaches_no_port(fallback: BlockingKernelClient) -> None:
+    with counting_http() as (port, hits):
+        ran = execute(fallback, DIRECT.format(port=port), timeout=60)
+        assert hits == [], ran.stdout + ran.stderr
+    out = result(ran.stdout)
+    assert out["sh"] == "rc=7\n" and out["child"].startswith("refused 13"), out  # type: ignore[union-attr]
+    assert out["ctypes"] == [-1, 13], out
+
+
+PROXIED = """
+import subprocess, urllib.request
+print(urllib.request.urlopen('http://localhost:{port}/python', timeout=30).status)
+print(subprocess.run(["sh", "-c", "curl -s -m 30 http://localhost:{port}/sh"], capture_output=True, text=True).stdout)
+"""
+
+
+@pytest.mark.parametrize("typed", ["yes", "no"])
+def test_the_person_is_asked_on_the_relay_and_the_proxy_is_the_only_way(
+    fallback: BlockingKernelClient, workspace: Path, typed: str
+) -> None:
+    """The newcomer's path: a fresh folder, nothing allowed. The host asks at the cell's prompt (on
+    the relay's stdin, which the kernel neither reads nor writes); yes: Python and curl get through
+    the proxy (one question); no: nothing does."""
+    with counting_http() as (port, hits):
+        prompts, stdout = as_a_person(fallback, PROXIED.format(port=port), lambda _p, _s: typed)
+        got = sorted(hits)
+    assert prompts == [QUESTION.format(port=port, choices="yes/no")], stdout
+    assert got == (["/python", "/sh"] if typed == "yes" else []), stdout
+    assert not (workspace / ".ivralo" / "permissions.json").exists()
