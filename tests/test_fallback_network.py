@@ -18,8 +18,9 @@ from conftest import FALLBACK_KERNEL
 from jupyter_client.blocking.client import BlockingKernelClient
 from jupyter_client.manager import KernelManager
 from kernel_helpers import execute
-from sandbox_cases import counting_http
+from sandbox_cases import counting_http, sh
 from test_egress_answer import QUESTION, as_a_person
+from test_vscode_launch import raw_launch, tree_of
 
 from ivralo_kernel.guards import landlock
 
@@ -98,3 +99,27 @@ def test_the_person_is_asked_on_the_relay_and_the_proxy_is_the_only_way(
     assert prompts == [QUESTION.format(port=port, choices="yes/no")], stdout
     assert got == (["/python", "/sh"] if typed == "yes" else []), stdout
     assert not (workspace / ".ivralo" / "permissions.json").exists()
+
+
+def test_a_raw_launch_without_the_sandbox_goes_through_the_relay_and_the_proxy(workspace: Path, tmp_path: Path) -> None:
+    """VS Code's raw launch in the fallback: the raw-launch host relays the client's TCP ports to the
+    kernel's ipc sockets and runs the proxy; the allow list alone decides (a fallback kernel could
+    write permissions.json itself, so the host reads it as it was at the start), and a direct
+    connect fails."""
+    with counting_http() as (allowed, hits), counting_http() as (other, other_hits):
+        (workspace / ".ivralo").mkdir(exist_ok=True)
+        (workspace / ".ivralo" / "permissions.json").write_text(
+            json.dumps({"hosts": {"allow": [f"127.0.0.1:{allowed}"]}})
+        )
+        with raw_launch(workspace, tmp_path, kernel_name=FALLBACK_KERNEL) as raw:
+            # From outside: the kernel runs on its own connection file, ipc sockets in a private run folder.
+            given = [cmd[cmd.index("-f") + 1] for cmd in tree_of(raw.proc.pid) if "-f" in cmd]
+            inner = json.loads(Path(given[-1]).read_text())
+            assert inner["transport"] == "ipc" and Path(inner["ip"]).parent.stat().st_mode & 0o777 == 0o700, inner
+            curl = "curl -sS -o /dev/null -w '%{{http_code}}' http://127.0.0.1:{}/{}"
+            assert sh(raw.client, curl.format(other, "other")).startswith("403")
+            assert sh(raw.client, curl.format(allowed, "raw")).startswith("200")
+            if TCP_RULE:
+                said = sh(raw.client, f"curl -sS --noproxy '*' -m 5 http://127.0.0.1:{allowed}/direct; echo rc=$?")
+                assert "rc=7" in said, said
+        assert hits == ["/raw"] and other_hits == []

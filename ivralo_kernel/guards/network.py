@@ -123,10 +123,12 @@ class NetworkGuard:
         if self.direct_refusal is None and self.local is not None and self.local.own(host, port):
             return  # the kernel talking to itself (a forked child, the debugger, a local cluster)
         if self.direct_refusal is not None:
-            if is_loopback(host):
+            if is_loopback(host) and self.tcp_floor is None:
                 # The sandbox's loopback is its own (the relay, the debugger, a local cluster): the
                 # person's machine is reached only through the proxy, so nothing here is judged.
                 return
+            if is_loopback(host) and port in (self.tcp_floor or ()):
+                return  # the fallback: the proxy's port, the one its TCP rule allows (loopback is the person's)
             self._note(host, port, "refused (no direct network in the sandbox)")
             raise socket.gaierror(socket.EAI_NONAME, audience.addressed(self.direct_refusal.format(host=host)))
         key = (host, port)
