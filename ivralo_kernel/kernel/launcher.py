@@ -108,13 +108,13 @@ def _tcp_floor_ports(policy: KernelPolicy, workspace: str) -> tuple[int, ...] | 
     """Ports of the hosts allowed now (None: no TCP floor wanted). Read here, before the read guard
     closes .ivralo/; a host allowed later ("yes", "always") cannot widen a Landlock domain."""
     proxy = _fallback_proxy_port()
-    if proxy is not None:
-        # The fallback with the host's egress proxy: the kernel's Jupyter links are ipc, so the one TCP
-        # port its tree needs is the proxy's; curl, pip, ctypes reach the network only through it.
-        return (proxy,)
+    # The fallback with the host's egress proxy: the kernel's Jupyter links are ipc, so the one TCP
+    # port its tree needs is the proxy's; curl, pip, ctypes reach the network only through it.
+    # landlock_network adds the allowed hosts' ports, for direct links (a database's driver).
+    through = (proxy,) if proxy is not None else ()
     if not policy.landlock_network:
-        return None
-    return load_egress_policy(workspace, os.environ).connect_ports()
+        return through or None
+    return tuple(dict.fromkeys((*through, *load_egress_policy(workspace, os.environ).connect_ports())))
 
 
 def _fallback_refusal() -> str | None:
