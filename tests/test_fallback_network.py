@@ -14,6 +14,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import test_frontend_features as frontend
+import test_vscode_launch as vscode
 from conftest import FALLBACK_KERNEL
 from jupyter_client.blocking.client import BlockingKernelClient
 from jupyter_client.manager import KernelManager
@@ -123,3 +125,14 @@ def test_a_raw_launch_without_the_sandbox_goes_through_the_relay_and_the_proxy(w
                 said = sh(raw.client, f"curl -sS --noproxy '*' -m 5 http://127.0.0.1:{allowed}/direct; echo rc=$?")
                 assert "rc=7" in said, said
         assert hits == ["/raw"] and other_hits == []
+
+
+def test_the_debugger_and_a_forked_childs_output_still_work_under_the_tcp_rule(fallback: BlockingKernelClient) -> None:
+    """Their loopback ports were held before Landlock's rule and are in it (kernel.own_ports)."""
+    frontend.test_a_forked_child_prints_into_the_cell(fallback)
+    frontend.test_debugger_under_the_host_stops_at_a_breakpoint(fallback)
+
+
+def test_a_raw_launch_without_the_sandbox_debugs_a_cell(workspace: Path, tmp_path: Path) -> None:
+    with raw_launch(workspace, tmp_path, kernel_name=FALLBACK_KERNEL) as raw:
+        vscode.test_debug_cell_stops_at_a_breakpoint(raw)

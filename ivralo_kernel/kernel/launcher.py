@@ -34,6 +34,7 @@ from ivralo_kernel.guards.history import History
 from ivralo_kernel.guards.landlock import LandlockResult, LandlockRules
 from ivralo_kernel.guards.landlock import apply as apply_landlock
 from ivralo_kernel.guards.network import install_network_guard
+from ivralo_kernel.kernel import own_ports
 from ivralo_kernel.kernel.broker_client import BROKER
 from ivralo_kernel.kernel.egress_judge import egress_judge
 from ivralo_kernel.kernel.launch_state import STATE
@@ -111,7 +112,8 @@ def _tcp_floor_ports(policy: KernelPolicy, workspace: str) -> tuple[int, ...] | 
     # The fallback with the host's egress proxy: the kernel's Jupyter links are ipc, so the one TCP
     # port its tree needs is the proxy's; curl, pip, ctypes reach the network only through it.
     # landlock_network adds the allowed hosts' ports, for direct links (a database's driver).
-    through = (proxy,) if proxy is not None else ()
+    # And the kernel's own loopback links (a forked child's output, the debugger), on ports held now.
+    through = (proxy, *own_ports.reserve()) if proxy is not None else ()
     if not policy.landlock_network:
         return through or None
     return tuple(dict.fromkeys((*through, *load_egress_policy(workspace, os.environ).connect_ports())))
@@ -121,9 +123,15 @@ def _fallback_refusal() -> str | None:
     """In the fallback whose TCP rule lets the tree reach the proxy only: direct links are refused with
     the reason, asking nobody (the OS would refuse them anyway)."""
     port = _fallback_proxy_port()
-    if port is None or STATE.tcp_floor != (port,):
+    if port is None or STATE.tcp_floor != (port, *own_ports.reserved()):
         return None
     return FALLBACK_DIRECT_REFUSAL.replace("{port}", str(port))
+
+
+def _fallback_own_ports() -> tuple[int, ...]:
+    """The fallback's loopback ports that are the kernel's own: the proxy's and its links' (held)."""
+    proxy = _fallback_proxy_port()
+    return (proxy, *own_ports.reserved()) if proxy is not None else ()
 
 
 def _fallback_proxy_port() -> int | None:
@@ -142,7 +150,15 @@ def _tcp_floor_report(ports: tuple[int, ...] | None, result: LandlockResult) -> 
         return "off (the default; landlock_network turns it on)"
     if "tcp-connect" not in result.handled:
         return f"unavailable: Landlock ABI {result.abi}; the TCP floor needs ABI 4 (Linux >= 6.7)"
-    return "ports " + ", ".join(map(str, ports)) if ports else "no TCP connect"
+    if not ports:
+        return "no TCP connect"
+    named = [str(port) for port in ports]
+    if _fallback_proxy_port() == ports[0]:  # the fallback's own ports come first (see _tcp_floor_ports)
+        own = len(own_ports.reserved()) + 1
+        named[0] += " (egress proxy)"
+        if own > 1:
+            named[own - 1] += " (the kernel's own links)"
+    return "ports " + ", ".join(named)
 
 
 def _apply_landlock(policy: KernelPolicy, workspace: str, tmp: str) -> tuple[str, str]:
@@ -363,6 +379,7 @@ def main() -> None:
             tcp_floor=STATE.tcp_floor,
             tree_root=tree_root,
             direct_refusal=SANDBOX_DIRECT_REFUSAL if sandboxed else _fallback_refusal(),
+            own_ports=() if sandboxed else _fallback_own_ports(),
         )
         proxy = None if sandboxed else _fallback_proxy_port()
         STATE.layers |= sandbox_layers(
@@ -370,6 +387,8 @@ def main() -> None:
         )
         if not sandboxed:
             STATE.notes.append(fallback_note(os.environ.get(names.ENV_SANDBOX, ""), proxy, STATE.tcp_floor is not None))
+        if STATE.tcp_floor is not None:
+            own_ports.install()  # the IOPub pipe's port, before the app builds it
         app = _build_app()  # step 6
         file_guard.starting = False  # from here on, the kernel's own folders are closed too
         STATE.network.starting = False
