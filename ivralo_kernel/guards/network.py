@@ -133,7 +133,8 @@ class NetworkGuard:
                 # The sandbox's loopback is its own (the relay, the debugger, a local cluster): the
                 # person's machine is reached only through the proxy, so nothing here is judged.
                 return
-            self._note(host, port, "refused (no direct network in the sandbox)")
+            why = "no direct network in the sandbox" if self.tcp_floor is None else "only the proxy is reachable"
+            self._note(host, port, f"refused ({why})")
             raise socket.gaierror(socket.EAI_NONAME, audience.addressed(self.direct_refusal.format(host=host)))
         key = (host, port)
         decision = self._decisions.get(key)
