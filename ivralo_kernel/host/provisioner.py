@@ -225,14 +225,14 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
         kwargs["pass_fds"] = (self._host_pipe[0],)
         # The kernel's Jupyter links are ipc sockets in its run folder, relayed by the host, with or
         # without the sandbox: the person is asked on the relay, and the fallback's TCP rule cuts nothing.
-        cmd, inner_file, connection_file = self._relayed(list(kwargs["cmd"]))
+        cmd, inner_file, connection_file = self._relayed(list(kwargs["cmd"]), abstract=bwrap is None)
         env[names.ENV_EGRESS_SOCKET] = self._egress_socket()
         env[names.ENV_RELAY_PORT] = str(names.RELAY_PORT_ANY)  # the fallback's: the supervisor picks one
         if bwrap is None:
             env[names.ENV_SANDBOX] = self.sandbox_reason
             kwargs["cmd"] = cmd
             return kwargs
-        self._fallback_launch = (cmd, dict(env))  # if bwrap exits without building it
+        self._fallback_launch = (list(kwargs["cmd"]), dict(env))  # if bwrap exits without building it
         self._add_host_note(env, f"OS sandbox built with {self.bwrap_report}")
         kwargs["cmd"] = self._sandboxed(bwrap, policy.workspace, cmd, env, inner_file, connection_file)
         return kwargs
@@ -266,7 +266,7 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
             self.egress_proxy.start()
         return folder.egress_socket
 
-    def _relayed(self, cmd: list[str]) -> tuple[list[str], str, str]:
+    def _relayed(self, cmd: list[str], abstract: bool) -> tuple[list[str], str, str]:
         """``cmd`` with the kernel's own connection file, and the relay between it and the clients'.
         Returns the command, the kernel's connection file and the clients'."""
         folder = self._sandbox_folder
@@ -278,8 +278,10 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
         with open(connection_file, encoding="utf-8") as f:
             clients = json.load(f)
         folder.clear_kernel_sockets()  # a restart's new kernel binds the same files
-        inner_file, self._kernel_side = kernel_connection(clients, folder)
-        if self.relay is not None and clients.get("transport") == "ipc":
+        inner_file, self._kernel_side = kernel_connection(clients, folder, abstract=abstract)
+        if self.relay is not None and (
+            clients.get("transport") == "ipc" or self.relay.kernel_side != self._kernel_side
+        ):
             # jupyter_client removes ipc files on restart: bound again, where its clients look.
             self.relay.close()
             self.relay = None
@@ -509,11 +511,11 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
             await self.cleanup(restart=False)
             self.process = None  # nothing runs: jupyter_client sees no kernel
             raise SandboxUnavailable(_required_but(failure))
-        # The relay and the egress proxy stay: the fallback's kernel uses them as the sandbox's would.
-        if self._sandbox_folder is not None:
-            self._sandbox_folder.clear_kernel_sockets()
+        # The relay and the egress proxy stay: the fallback's kernel uses them as the sandbox's would,
+        # on abstract sockets (the relay is rebuilt for them).
         self._sandbox_failed = self.sandbox_reason = failure
         cmd, env = self._fallback_launch
+        cmd = self._relayed(cmd, abstract=True)[0]
         env = {**env, names.ENV_SANDBOX: self.sandbox_reason}
         kwargs = {**kwargs, "env": env}
         self._launch_args = (list(cmd), compat.popen_kwargs(kwargs))

@@ -183,7 +183,7 @@ def _run(
     workspace: str,
     bwrap_report: str,
 ) -> int:
-    inner_file, inner = kernel_connection(client, folder)
+    inner_file, inner = kernel_connection(client, folder, abstract=bwrap is None)
     prepare_workspace(workspace)  # .ivralo exists before the sandbox mounts it (and the host watches it)
     files = WorkspaceFiles(workspace)
     history = HistoryRecorder(workspace, TOOL_FILES_DEFAULT)  # before the kernel: what is there is not its own

@@ -228,6 +228,8 @@ def _ipc_socket_folder() -> str | None:
         return None
     if not isinstance(given, dict) or given.get("transport") != "ipc" or not given.get("ip"):
         return None
+    if str(given["ip"]).startswith("@"):
+        return None  # abstract sockets (the fallback's): no folder, no file
     return os.path.dirname(os.path.abspath(str(given["ip"])))
 
 
