@@ -50,13 +50,6 @@ CLIENTS = {
         "print(int(s.recv(100).split()[1]))\ns.close()"
     ),
 }
-REFUSED = {
-    "urllib": "URLError: <urlopen error [Errno -2] ivralo network guard: {host} refused ({why})",
-    "requests": "ivralo network guard: {host} refused ({why})",
-    "httpx": "ivralo network guard: {host} refused ({why})",
-    "asyncio": "gaierror: [Errno -2] ivralo network guard: {host} refused ({why})",
-    "_socket": "gaierror: [Errno -2] ivralo network guard: {host} refused ({why})",
-}
 
 
 # HTTP_PROXY: these go through the host's egress proxy; the others connect directly, which the

@@ -388,7 +388,8 @@ def main() -> None:
             os.environ.get(names.ENV_SANDBOX, ""), STATE.layers.get("landlock", ""), proxy, STATE.tcp_floor is not None
         )
         if not sandboxed:
-            STATE.notes.append(fallback_note(os.environ.get(names.ENV_SANDBOX, ""), proxy, STATE.tcp_floor is not None))
+            mode, landlock = os.environ.get(names.ENV_SANDBOX, ""), STATE.layers.get("landlock", "")
+            STATE.notes.append(fallback_note(mode, proxy, STATE.tcp_floor is not None, landlock))
         if STATE.tcp_floor is not None:
             own_ports.install()  # the IOPub pipe's port, before the app builds it
         app = _build_app()  # step 6

@@ -56,12 +56,21 @@ def fallback_network(proxy: int | None, tcp_rule: bool) -> str:
     return f"{way}; {NO_TCP_RULE}"
 
 
-def fallback_gaps(proxy: int | None, tcp_rule: bool) -> str:
+NO_SCOPE = (
+    "; another kernel's processes can connect to this kernel's Jupyter sockets (abstract unix sockets: "
+    "Landlock's scope needs ABI 6, Linux >= 6.12)"
+)
+
+
+def fallback_gaps(proxy: int | None, tcp_rule: bool, landlock: str = "") -> str:
+    gaps = FALLBACK_GAPS
     if proxy is not None and tcp_rule:
-        return FALLBACK_GAPS.replace("can reach the network directly, ", "can ")
-    if proxy is not None:
-        return FALLBACK_GAPS.replace("can reach the network directly", NO_TCP_RULE)
-    return FALLBACK_GAPS
+        gaps = FALLBACK_GAPS.replace("can reach the network directly, ", "can ")
+    elif proxy is not None:
+        gaps = FALLBACK_GAPS.replace("can reach the network directly", NO_TCP_RULE)
+    if proxy is not None and "abstract-socket-scope" not in landlock:
+        gaps += NO_SCOPE
+    return gaps
 
 
 def sandbox_layers(mode: str, landlock: str, proxy: int | None = None, tcp_rule: bool = False) -> dict[str, str]:
@@ -78,13 +87,13 @@ def sandbox_layers(mode: str, landlock: str, proxy: int | None = None, tcp_rule:
         "sandbox": f"none ({mode or 'started without an ivralo host'})",
         "network": fallback_network(proxy, tcp_rule),
         "network_guard": guard,
-        "not_stopped": fallback_gaps(proxy, tcp_rule),
+        "not_stopped": fallback_gaps(proxy, tcp_rule, landlock),
     }
 
 
-def fallback_note(mode: str, proxy: int | None = None, tcp_rule: bool = False) -> str:
+def fallback_note(mode: str, proxy: int | None = None, tcp_rule: bool = False, landlock: str = "") -> str:
     why = mode or "started without an ivralo host (a raw launch of kernel.json's command)"
     return (
         f"no OS sandbox ({why}): running on the Python guards and Landlock only. Not stopped in this mode: "
-        f"{fallback_gaps(proxy, tcp_rule)}."
+        f"{fallback_gaps(proxy, tcp_rule, landlock)}."
     )
