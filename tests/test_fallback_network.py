@@ -137,3 +137,30 @@ def test_the_debugger_and_a_forked_childs_output_still_work_under_the_tcp_rule(f
 def test_a_raw_launch_without_the_sandbox_debugs_a_cell(workspace: Path, tmp_path: Path) -> None:
     with raw_launch(workspace, tmp_path, kernel_name=FALLBACK_KERNEL) as raw:
         vscode.test_debug_cell_stops_at_a_breakpoint(raw)
+
+
+@pytest.mark.parametrize("decoy", [True, False], ids=["a-kernels-port", "control"])
+def test_another_kernels_channel_is_never_reached_through_the_proxy_even_after_a_yes(
+    fallback: BlockingKernelClient, decoy: bool
+) -> None:
+    """A kernel that read another's connection file (the runtime folder is readable outside the
+    sandbox) could reach its TCP ports through the proxy after a person's yes, and run code there
+    with its key: the host refuses every port of the runtime folder's connection files. Judged by
+    the server that stands for the other kernel's shell port: no hit (the control, without the
+    file: one)."""
+    from jupyter_core.paths import jupyter_runtime_dir
+
+    with counting_http() as (port, hits):
+        other = Path(jupyter_runtime_dir()) / "kernel-another.json"
+        if decoy:
+            other.write_text(json.dumps({"shell_port": port, "ip": "127.0.0.1", "transport": "tcp", "key": "k"}))
+        try:
+            code = f"import urllib.request\nprint(urllib.request.urlopen('http://localhost:{port}/other').status)"
+            prompts, stdout = as_a_person(fallback, code, lambda _p, _s: "yes")
+        finally:
+            other.unlink(missing_ok=True)
+        got = list(hits)
+    assert got == ([] if decoy else ["/other"]), stdout
+    assert prompts == [QUESTION.format(port=port, choices="yes/no")], stdout  # the person did say yes
+    if decoy:
+        assert "it is a Jupyter kernel's channel on this machine" in stdout, stdout

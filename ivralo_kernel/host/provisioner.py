@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import glob
 import ipaddress
 import json
 import os
@@ -340,7 +341,7 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
     def _closed_target(self, host: str, port: int) -> str | None:
         """An allowed ``host:port`` that resolves to the clients' side of the relay (looked up only
         after a yes, as the proxy would)."""
-        if port not in self._client_ports():
+        if port not in self._client_ports() | self._runtime_ports():
             return None
         try:
             addresses = {info[4] for info in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)}
@@ -357,10 +358,30 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
     def _closed_peer(self, peer: tuple[Any, ...]) -> str | None:
         """(the egress proxy's thread) The clients' side of this kernel's relay is never reachable
         through the proxy, whatever was allowed: with it, code in the kernel could take a client's
-        place on stdin (its identity is in every request) and answer the host's questions."""
-        if peer[1] not in self._client_ports() or not on_this_machine(str(peer[0])):
-            return None
-        return "it is one of this kernel's own Jupyter channels, for its clients only"
+        place on stdin (its identity is in every request) and answer the host's questions. Nor are
+        other kernels' channels (the Jupyter runtime folder's connection files): outside the sandbox
+        a kernel can read their keys, and run code in them through the proxy after a yes."""
+        if peer[1] in self._client_ports() and on_this_machine(str(peer[0])):
+            return "it is one of this kernel's own Jupyter channels, for its clients only"
+        if peer[1] in self._runtime_ports() and on_this_machine(str(peer[0])):
+            return "it is a Jupyter kernel's channel on this machine, for that kernel's clients only"
+        return None
+
+    def _runtime_ports(self) -> set[int]:
+        """The TCP ports in the connection files of Jupyter's runtime folder (every kernel's here)."""
+        from jupyter_core.paths import jupyter_runtime_dir
+
+        folders = {jupyter_runtime_dir(), os.path.dirname(str(getattr(self.parent, "connection_file", "") or ""))}
+        ports: set[int] = set()
+        for path in (p for folder in folders if folder for p in glob.glob(os.path.join(folder, "kernel-*.json"))):
+            try:
+                with open(path, encoding="utf-8") as f:
+                    info = json.load(f)
+            except (OSError, ValueError):
+                continue
+            if isinstance(info, dict) and info.get("transport", "tcp") == "tcp":
+                ports |= {port for c in CHANNEL_NAMES if isinstance(port := info.get(f"{c}_port"), int)}
+        return ports
 
     def ask_person(self, execution: str, prompt: str) -> str | None:
         """(any thread; blocks) The person's answer at ``execution``'s input prompt, asked by the host
