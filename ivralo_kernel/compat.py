@@ -112,7 +112,7 @@ def route_control(kernel: Any, msg_type: str, handler: Callable[..., Any]) -> No
     kernel.control_handlers[msg_type] = handler
 
 
-def defer_debugger_import() -> type:
+def defer_debugger_import(on_built: Callable[[Any], None] | None = None) -> type:
     """Keep debugpy out of a kernel's start: import it at the first ``debug_request`` instead.
 
     ipykernel 7.4 imports ``ipykernel.debugger``, and debugpy with it (about 50 ms of CPU, a sixth of
@@ -155,6 +155,8 @@ def defer_debugger_import() -> type:
             if self._debugger is None:
                 args, kwargs = self._arguments
                 self._debugger = real_module().Debugger(*args, **kwargs)
+                if on_built is not None:  # the kernel's own settings for it (kernel.own_ports)
+                    on_built(self._debugger)
                 self._built.set()
             return getattr(self._debugger, attribute)
 

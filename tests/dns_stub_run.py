@@ -132,8 +132,11 @@ def private_etc(folder: Path) -> None:
 async def run_cell(workspace: Path, code: str) -> Any:
     from ivralo_kernel.host import Session, WorkerConfig
 
-    # The guard as it is without the OS sandbox (inside it the kernel does no DNS at all).
-    async with Session(workspace=workspace, config=WorkerConfig(sandbox="off")) as session:
+    # The guard as it is without the OS sandbox (inside it the kernel does no DNS at all), with
+    # direct links to allowed hosts (landlock_network): by default the fallback refuses every direct
+    # link, lookups included, with the reason, as the sandbox does.
+    config = WorkerConfig(sandbox="off", landlock_network=True)
+    async with Session(workspace=workspace, config=config) as session:
         return await asyncio.wait_for(session.run(code), RUN_TIMEOUT_S)
 
 

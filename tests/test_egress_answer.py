@@ -386,20 +386,23 @@ def test_an_answer_to_a_question_of_a_restarted_kernel_decides_nothing(trusted: 
     assert granted(trusted) is None
 
 
-def test_without_the_sandbox_nobody_is_asked_and_no_grant_is_written(trusted: Path) -> None:
-    """Without the OS sandbox the kernel binds its clients' sockets itself: the host has no channel
-    the kernel cannot read, so it asks nobody, and the forged "always" writes nothing. (Its
-    network is not closed there: what gets through is the fallback's documented limit.)"""
+def test_without_the_sandbox_the_person_is_asked_on_the_relay_and_the_forging_cell_writes_no_grant(
+    trusted: Path,
+) -> None:
+    """Without the OS sandbox the kernel's sockets are ipc files behind the host's relay too: the
+    host asks the person there, and the cell's forged "always" counts for nothing."""
     manager = KernelManager(kernel_name=FALLBACK_KERNEL)
     manager.start_kernel(cwd=str(trusted))
     client = manager.client()
     client.start_channels()
     try:
         client.wait_for_ready(timeout=60)
-        with counting_http() as (port, _hits):
-            prompts, stdout = as_a_person(client, attack(port), once_forging("always"))
+        with counting_http() as (port, hits):
+            prompts, stdout = as_a_person(client, attack(port), once_forging("no"))
+            got = list(hits)
     finally:
         client.stop_channels()
         manager.shutdown_kernel(now=True)
-    assert prompts == [], stdout
+    assert got == [], stdout
+    assert prompts == [QUESTION.format(port=port, choices="yes/always/no")], stdout
     assert granted(trusted) is None, stdout

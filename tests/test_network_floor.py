@@ -8,6 +8,7 @@ allowed port, UDP) behaves as documented.
 from __future__ import annotations
 
 import json
+import re
 import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -91,9 +92,12 @@ async def curl(session: Session, *urls: str) -> dict[str, tuple[int, str, str]]:
 
 
 async def floor_layer(session: Session) -> str:
+    """The floor's ports; the fallback's own (the egress proxy's, the kernel's own links') as ``P``."""
     if not session.kernel_info:  # the worker starts with the first call
         assert isinstance(await session.run("pass"), str)
-    return str(session.kernel_info[names.KERNEL_INFO_SECTION]["layers"]["tcp_connect_floor"])
+    layers = session.kernel_info[names.KERNEL_INFO_SECTION]["layers"]
+    own = r"\d+ \(egress proxy\)(?:(?:, \d+)*?, \d+ \(the kernel's own links\))?"
+    return re.sub(own, "P", str(layers["tcp_connect_floor"]), count=1)
 
 
 def refused_by_floor(outcome: tuple[int, str, str]) -> bool:
@@ -112,7 +116,7 @@ async def test_curl_reaches_only_the_ports_of_allowed_hosts(workspace: Path, por
     allow(workspace, f"127.0.0.1:{ports.allowed}")
     allowed, other = f"http://127.0.0.1:{ports.allowed}/", f"http://127.0.0.1:{ports.other}/"
     async with Session(workspace=workspace, config=FLOOR) as session:
-        assert await floor_layer(session) == f"ports {ports.allowed}"
+        assert await floor_layer(session) == f"ports P, {ports.allowed}"
         runs = await curl(session, allowed, other)
     assert answered_by(runs[allowed]) == f"answered by 127.0.0.1:{ports.allowed}"
     assert refused_by_floor(runs[other]), runs[other]
@@ -131,7 +135,7 @@ async def test_ctypes_connect_outside_the_floor_is_refused_by_the_os(workspace: 
 async def test_nothing_allowed_means_no_tcp_connect(workspace: Path, ports: Ports) -> None:
     url = f"http://127.0.0.1:{ports.allowed}/"
     async with Session(workspace=workspace, config=FLOOR) as session:
-        assert await floor_layer(session) == "no TCP connect"
+        assert await floor_layer(session) == "ports P"
         runs = await curl(session, url)
     assert refused_by_floor(runs[url]), runs[url]
 
@@ -140,7 +144,7 @@ async def test_nothing_allowed_means_no_tcp_connect(workspace: Path, ports: Port
 async def test_a_host_without_a_port_opens_80_and_443(workspace: Path) -> None:
     allow(workspace, "api.example.com", "*.example.org", "127.0.0.1:8080")
     async with Session(workspace=workspace, config=FLOOR) as session:
-        assert await floor_layer(session) == "ports 80, 443, 8080"
+        assert await floor_layer(session) == "ports P, 80, 443, 8080"
 
 
 @needs_floor
@@ -148,17 +152,18 @@ async def test_a_malformed_permissions_file_opens_no_port(workspace: Path) -> No
     (workspace / ".ivralo").mkdir()
     (workspace / ".ivralo" / "permissions.json").write_text('{"hosts": {"allow": "127.0.0.1:8080"}}')
     async with Session(workspace=workspace, config=FLOOR) as session:
-        assert await floor_layer(session) == "no TCP connect"
+        assert await floor_layer(session) == "ports P"
 
 
 @needs_floor
-async def test_the_floor_is_off_by_default(workspace: Path, ports: Ports) -> None:
+async def test_in_the_fallback_the_floor_is_the_proxys_port_by_default(workspace: Path, ports: Ports) -> None:
+    """Without landlock_network, an allowed host too is reached only through the egress proxy."""
     allow(workspace, f"127.0.0.1:{ports.allowed}")
-    other = f"http://127.0.0.1:{ports.other}/"
+    allowed = f"http://127.0.0.1:{ports.allowed}/"
     async with Session(workspace=workspace, config=WorkerConfig(sandbox="off")) as session:
-        assert await floor_layer(session) == "off (the default; landlock_network turns it on)"
-        runs = await curl(session, other)
-    assert answered_by(runs[other]) == f"answered by 127.0.0.1:{ports.other}"
+        assert await floor_layer(session) == "ports P"
+        runs = await curl(session, allowed)
+    assert refused_by_floor(runs[allowed]), runs[allowed]
 
 
 @needs_floor
@@ -176,10 +181,11 @@ async def test_a_host_allowed_at_run_time_on_another_port_is_told_why(workspace:
     async with Session(workspace=workspace, config=FLOOR, ask=yes) as session:
         result = await session.run(code)
     assert isinstance(result, str), result
+    proxy = ", ".join(result.split("connect only to ports ", 1)[-1].split(", ")[:3])  # the fallback's own
     assert result.startswith(
         f"PermissionError 13 ivralo network guard: localhost port {ports.other} is allowed, but this kernel's "
         f"TCP floor (Landlock, fixed when the kernel started) lets its processes connect only to ports "
-        f'{ports.allowed}. To reach it, the person adds "localhost:{ports.other}" to .ivralo/permissions.json '
+        f'{proxy}, {ports.allowed}. To reach it, the person adds "localhost:{ports.other}" to .ivralo/permissions.json '
         "under hosts.allow and restarts the kernel."
     ), result
     assert f"[ivralo network: localhost refused (port {ports.other} is outside the TCP floor)]" in result

@@ -34,10 +34,11 @@ TCP_FLOOR_GAPS = (
 def _tcp_floor_row(layers: dict[str, Any]) -> tuple[str, bool, str, str]:
     floor = str(layers.get("tcp_connect_floor", "unknown"))
     in_force = floor.startswith("ports") or floor == "no TCP connect"
-    detail = (
-        f"{floor}: any process of the kernel's tree (curl, pip, ctypes) may open TCP connections only to "
-        "the ports of the hosts in hosts.allow (80 and 443 for a host listed without a port). " + TCP_FLOOR_GAPS
-    )
+    reach = "the ports of the hosts in hosts.allow (80 and 443 for a host listed without a port)"
+    if "(egress proxy)" in floor:  # the fallback's: the way out is the host's proxy
+        reach = "the host's egress proxy and the kernel's own links (with landlock_network, also " + reach + ")"
+    detail = f"{floor}: any process of the kernel's tree (curl, pip, ctypes) may open TCP connections only to {reach}. "
+    detail += TCP_FLOOR_GAPS
     if floor.startswith("off"):
         fix = (
             "Off by default: a port list also refuses the kernel's own loopback links (the debugger, a forked "

@@ -62,8 +62,12 @@ class NetworkGuard:
         tcp_floor: tuple[int, ...] | None = None,
         local: LocalLinks | None = None,
         direct_refusal: str | None = None,
+        own_ports: tuple[int, ...] = (),
     ) -> None:
         self._judge = judge
+        # Loopback ports that are the kernel's own whoever listens (the fallback's egress proxy, its
+        # own links' ports held before Landlock's TCP rule): never judged.
+        self.own_ports = own_ports
         # In an OS sandbox without a network: every direct link but the kernel's own is refused with
         # this text (``{host}`` filled in), asking nobody; the host's egress proxy is the way out.
         self.direct_refusal = direct_refusal
@@ -120,14 +124,17 @@ class NetworkGuard:
         raise PermissionError(errno.EACCES, floor_refusal(host, port, floor))
 
     def _decide(self, host: str, port: int | None) -> None:
+        if port is not None and port in self.own_ports and is_loopback(host):
+            return
         if self.direct_refusal is None and self.local is not None and self.local.own(host, port):
             return  # the kernel talking to itself (a forked child, the debugger, a local cluster)
         if self.direct_refusal is not None:
-            if is_loopback(host):
+            if is_loopback(host) and self.tcp_floor is None:
                 # The sandbox's loopback is its own (the relay, the debugger, a local cluster): the
                 # person's machine is reached only through the proxy, so nothing here is judged.
                 return
-            self._note(host, port, "refused (no direct network in the sandbox)")
+            why = "no direct network in the sandbox" if self.tcp_floor is None else "only the proxy is reachable"
+            self._note(host, port, f"refused ({why})")
             raise socket.gaierror(socket.EAI_NONAME, audience.addressed(self.direct_refusal.format(host=host)))
         key = (host, port)
         decision = self._decisions.get(key)
@@ -207,11 +214,12 @@ def install_network_guard(
     tcp_floor: tuple[int, ...] | None = None,
     tree_root: int | None = None,
     direct_refusal: str | None = None,
+    own_ports: tuple[int, ...] = (),
 ) -> NetworkGuard:
     """``tcp_floor``: the ports the Landlock TCP floor allows, when one is in force. ``tree_root``: the
     process whose tree is the kernel's own (its supervisor); loopback ports it listens on are not judged.
     ``direct_refusal``: the kernel runs in a sandbox without a network (see ``NetworkGuard``)."""
-    guard = NetworkGuard(judge, tcp_floor, LocalLinks(tree_root) if tree_root else None, direct_refusal)
+    guard = NetworkGuard(judge, tcp_floor, LocalLinks(tree_root) if tree_root else None, direct_refusal, own_ports)
     sys.addaudithook(guard)
     return guard
 

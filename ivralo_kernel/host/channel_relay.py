@@ -105,6 +105,10 @@ class ChannelRelay:
         self._connector: threading.Thread | None = None
         self._started: set[int] = set()
 
+    @property
+    def kernel_side(self) -> dict[str, Any]:
+        return self._kernel_side
+
     def start(self) -> None:
         """Relay from the moment the kernel has bound its sockets (at once if it has: an adopted
         spare, a restart's new relay). Clients' messages wait in the relay until then."""
@@ -341,8 +345,24 @@ def _routed(router: zmq.Socket[Any], frames: list[bytes]) -> bool:
 
 
 def _bound(url: str) -> bool:
-    """Whether the kernel has bound this address (an ipc socket's file exists; tcp: assume so)."""
-    return not url.startswith("ipc://") or os.path.exists(url.removeprefix("ipc://"))
+    """Whether the kernel has bound this address (an ipc socket's file exists, an abstract one is
+    listed by the OS; tcp: assume so)."""
+    if not url.startswith("ipc://"):
+        return True
+    path = url.removeprefix("ipc://")
+    if path.startswith("@"):
+        return path in _abstract_sockets()
+    return os.path.exists(path)
+
+
+def _abstract_sockets() -> set[str]:
+    """The abstract unix sockets listening on this machine (their names, ``@`` first)."""
+    try:
+        with open("/proc/net/unix", encoding="utf-8", errors="replace") as table:
+            rows = (line.split() for line in table)
+            return {row[7] for row in rows if len(row) > 7 and row[7].startswith("@")}
+    except OSError:
+        return set()
 
 
 def _proxy(outer: zmq.Socket[Any], inner: zmq.Socket[Any], steer: zmq.Socket[Any]) -> None:

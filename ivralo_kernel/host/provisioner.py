@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import glob
 import ipaddress
 import json
 import os
@@ -162,7 +163,7 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
                 return await self._adopt(spare, kwargs)
         policy = self.policy_for(str(kwargs.get("cwd") or os.getcwd()))
         bwrap = self._choose_sandbox()
-        if bwrap is not None and self._sandbox_folder is None:
+        if self._sandbox_folder is None:  # the fallback's too: its ipc sockets and the proxy's socket
             self._sandbox_folder = SandboxFolder.create()
         if self.exchange_dir is None:
             self.exchange_dir = create_exchange_folder()
@@ -223,12 +224,18 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
             os.set_blocking(self._host_pipe[1], False)  # a wedged supervisor must not block the watchdog
         env[names.ENV_HOST_PIPE_FD] = str(self._host_pipe[0])
         kwargs["pass_fds"] = (self._host_pipe[0],)
+        # The kernel's Jupyter links are ipc sockets in its run folder, relayed by the host, with or
+        # without the sandbox: the person is asked on the relay, and the fallback's TCP rule cuts nothing.
+        cmd, inner_file, connection_file = self._relayed(list(kwargs["cmd"]), abstract=bwrap is None)
+        env[names.ENV_EGRESS_SOCKET] = self._egress_socket()
+        env[names.ENV_RELAY_PORT] = str(names.RELAY_PORT_ANY)  # the fallback's: the supervisor picks one
         if bwrap is None:
             env[names.ENV_SANDBOX] = self.sandbox_reason
+            kwargs["cmd"] = cmd
             return kwargs
         self._fallback_launch = (list(kwargs["cmd"]), dict(env))  # if bwrap exits without building it
         self._add_host_note(env, f"OS sandbox built with {self.bwrap_report}")
-        kwargs["cmd"] = self._sandboxed(bwrap, policy.workspace, list(kwargs["cmd"]), env)
+        kwargs["cmd"] = self._sandboxed(bwrap, policy.workspace, cmd, env, inner_file, connection_file)
         if self._sandbox_folder is not None:  # bwrap reads its seccomp filter from this one
             kwargs["pass_fds"] = (*kwargs["pass_fds"], *self._sandbox_folder.rewind_seccomp())
         return kwargs
@@ -253,12 +260,20 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
     def _add_host_note(env: dict[str, str], line: str) -> None:
         env[names.ENV_HOST_NOTES] = "\n".join(filter(None, (env.get(names.ENV_HOST_NOTES), line)))
 
-    def _sandboxed(self, bwrap: str, workspace: str, cmd: list[str], env: dict[str, str]) -> list[str]:
+    def _egress_socket(self) -> str:
+        """The host's egress proxy (started once per provisioner), on a unix socket in the run folder."""
         folder = self._sandbox_folder
         assert folder is not None
         if self.egress_proxy is None:
             self.egress_proxy = EgressProxy(folder.egress_socket, self._decide_egress, self._closed_peer)
             self.egress_proxy.start()
+        return folder.egress_socket
+
+    def _relayed(self, cmd: list[str], abstract: bool) -> tuple[list[str], str, str]:
+        """``cmd`` with the kernel's own connection file, and the relay between it and the clients'.
+        Returns the command, the kernel's connection file and the clients'."""
+        folder = self._sandbox_folder
+        assert folder is not None
         # The kernel's sockets are ipc files in its run folder; the clients' (TCP as Jupyter's default, or
         # what they asked for) are the relay's, outside the sandbox. The relay also shows the host every
         # request clients send on shell, which code in the kernel cannot forge.
@@ -266,8 +281,10 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
         with open(connection_file, encoding="utf-8") as f:
             clients = json.load(f)
         folder.clear_kernel_sockets()  # a restart's new kernel binds the same files
-        inner_file, self._kernel_side = kernel_connection(clients, folder)
-        if self.relay is not None and clients.get("transport") == "ipc":
+        inner_file, self._kernel_side = kernel_connection(clients, folder, abstract=abstract)
+        if self.relay is not None and (
+            clients.get("transport") == "ipc" or self.relay.kernel_side != self._kernel_side
+        ):
             # jupyter_client removes ipc files on restart: bound again, where its clients look.
             self.relay.close()
             self.relay = None
@@ -276,7 +293,13 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
             self.relay.start()
         else:  # a restart: the old kernel's executions never reply
             self.relay.end_questions()
-        cmd = [inner_file if part == connection_file else part for part in cmd]
+        return [inner_file if part == connection_file else part for part in cmd], inner_file, connection_file
+
+    def _sandboxed(
+        self, bwrap: str, workspace: str, cmd: list[str], env: dict[str, str], inner_file: str, connection_file: str
+    ) -> list[str]:
+        folder = self._sandbox_folder
+        assert folder is not None
         return sandboxed_command(
             bwrap,
             folder,
@@ -320,7 +343,7 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
     def _closed_target(self, host: str, port: int) -> str | None:
         """An allowed ``host:port`` that resolves to the clients' side of the relay (looked up only
         after a yes, as the proxy would)."""
-        if port not in self._client_ports():
+        if port not in self._client_ports() | self._runtime_ports():
             return None
         try:
             addresses = {info[4] for info in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)}
@@ -337,10 +360,30 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
     def _closed_peer(self, peer: tuple[Any, ...]) -> str | None:
         """(the egress proxy's thread) The clients' side of this kernel's relay is never reachable
         through the proxy, whatever was allowed: with it, code in the kernel could take a client's
-        place on stdin (its identity is in every request) and answer the host's questions."""
-        if peer[1] not in self._client_ports() or not on_this_machine(str(peer[0])):
-            return None
-        return "it is one of this kernel's own Jupyter channels, for its clients only"
+        place on stdin (its identity is in every request) and answer the host's questions. Nor are
+        other kernels' channels (the Jupyter runtime folder's connection files): outside the sandbox
+        a kernel can read their keys, and run code in them through the proxy after a yes."""
+        if peer[1] in self._client_ports() and on_this_machine(str(peer[0])):
+            return "it is one of this kernel's own Jupyter channels, for its clients only"
+        if peer[1] in self._runtime_ports() and on_this_machine(str(peer[0])):
+            return "it is a Jupyter kernel's channel on this machine, for that kernel's clients only"
+        return None
+
+    def _runtime_ports(self) -> set[int]:
+        """The TCP ports in the connection files of Jupyter's runtime folder (every kernel's here)."""
+        from jupyter_core.paths import jupyter_runtime_dir
+
+        folders = {jupyter_runtime_dir(), os.path.dirname(str(getattr(self.parent, "connection_file", "") or ""))}
+        ports: set[int] = set()
+        for path in (p for folder in folders if folder for p in glob.glob(os.path.join(folder, "kernel-*.json"))):
+            try:
+                with open(path, encoding="utf-8") as f:
+                    info = json.load(f)
+            except (OSError, ValueError):
+                continue
+            if isinstance(info, dict) and info.get("transport", "tcp") == "tcp":
+                ports |= {port for c in CHANNEL_NAMES if isinstance(port := info.get(f"{c}_port"), int)}
+        return ports
 
     def ask_person(self, execution: str, prompt: str) -> str | None:
         """(any thread; blocks) The person's answer at ``execution``'s input prompt, asked by the host
@@ -489,19 +532,15 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
         self.log.warning("ivralo: %s", failure)
         self.sandboxed = False
         _discard(self.process)
-        if self.relay is not None:  # it holds the clients' ports: the kernel binds them itself now
-            self.relay.close()
-            self.relay = None
-        self._kernel_side = None
         if self.sandbox == "required" or self._fallback_launch is None:
             await self.cleanup(restart=False)
             self.process = None  # nothing runs: jupyter_client sees no kernel
             raise SandboxUnavailable(_required_but(failure))
-        if self.egress_proxy is not None:
-            self.egress_proxy.close()
-            self.egress_proxy = None
+        # The relay and the egress proxy stay: the fallback's kernel uses them as the sandbox's would,
+        # on abstract sockets (the relay is rebuilt for them).
         self._sandbox_failed = self.sandbox_reason = failure
         cmd, env = self._fallback_launch
+        cmd = self._relayed(cmd, abstract=True)[0]
         env = {**env, names.ENV_SANDBOX: self.sandbox_reason}
         kwargs = {**kwargs, "env": env}
         self._launch_args = (list(cmd), compat.popen_kwargs(kwargs))

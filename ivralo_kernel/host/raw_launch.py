@@ -6,10 +6,11 @@ jupyter_client provisioner. The supervisor it starts finds no host and hands ove
 
 1. The setting (``IVRALO_SANDBOX_SETTING`` from kernel.json's env: auto, required) and whether
    bubblewrap can build a sandbox on this machine. If not: ``required`` refuses to start, saying
-   why; ``auto`` goes back to the supervisor, which runs the kernel with the fallback's layers and
-   says so in the banner.
+   why; ``auto`` runs the kernel with the fallback's layers (below) and says so in the banner.
 2. The client's connection file is completed if it must be (no file, or ports 0: ipykernel's own
    behaviour), and a second one is written for the kernel, over ``ipc`` in its private run folder.
+   Without a sandbox (``auto`` where none can be built, or ``off``), the same host runs the
+   supervisor as its child, with the same relay and proxy: the fallback's kernel links are ipc too.
 3. The egress proxy, as the provisioner runs it, except that nobody is asked: the allow list alone
    decides (a raw launch has no channel to a person's prompt of its own). And the deadline, as the
    provisioner enforces it: the host's watchdog (interrupt, confirm, kill the tree), the
@@ -35,7 +36,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any
 
 from ivralo_kernel.host.closed_paths import TOOL_FILES_DEFAULT
 from ivralo_kernel.host.config_files import config_files
@@ -87,13 +88,18 @@ def kernel_env(workspace: str, files: WorkspaceFiles, protected: frozenset[str])
     return env
 
 
-def _fallback(args: list[str], workspace: str, why: str) -> NoReturn:
-    """Back to the supervisor, which runs the kernel on the fallback's layers and says why. (The
-    watched files' record names this pid, which the supervisor keeps: the next start compares.)"""
-    env = kernel_env(workspace, WorkspaceFiles(workspace), frozenset())
-    env[names.ENV_SANDBOX] = why
-    argv = _supervisor_argv(args)
-    os.execve(argv[0], argv, env)  # noqa: S606 - our own supervisor, no shell
+def _fallback(args: list[str], workspace: str, why: str) -> int:
+    """No sandbox: the supervisor runs the kernel on the fallback's layers and says why, as this
+    process's child, with the same relay and egress proxy as in the sandbox (the kernel's Jupyter
+    links are ipc in its private run folder; its TCP rule lets it reach the proxy only)."""
+    parent = os.getppid()
+    connection_file = os.path.abspath(_connection_file_arg(args))
+    client = client_connection(connection_file)
+    folder = SandboxFolder.create()
+    try:
+        return _run(None, folder, client, connection_file, args, parent, workspace, why)
+    finally:
+        folder.remove()
 
 
 def client_connection(path: str) -> dict[str, Any]:
@@ -141,14 +147,14 @@ def main(argv: list[str] | None = None) -> int:
     setting = os.environ.get(names.ENV_SANDBOX_SETTING, "auto")
     workspace = os.path.realpath(KernelPolicy.from_env(os.environ, os.getcwd()).workspace)
     if setting == "off":
-        _fallback(args, workspace, "turned off by the kernelspec (sandbox='off')")
+        return _fallback(args, workspace, "turned off by the kernelspec (sandbox='off')")
     choice = choose_bwrap()  # which bwrap, what it lacks and what is used instead: for the banner
     bwrap, why = choice.path, choice.why
     if bwrap is None:
         if setting == "required":
             print(_required_but(why), file=sys.stderr)
             return 1
-        _fallback(args, workspace, why)
+        return _fallback(args, workspace, why)
 
     parent = os.getppid()
     connection_file = os.path.abspath(_connection_file_arg(args))
@@ -157,12 +163,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _run(bwrap, folder, client, connection_file, args, parent, workspace, choice.report())
     except SandboxNotBuilt as failure:  # bwrap exited at once: fail now, or run without it now
-        folder.remove()  # before the exec below, which skips the finally
+        folder.remove()
         if setting == "required":
             print(_required_but(str(failure)), file=sys.stderr)
             return 1
         print(f"ivralo: {failure}", file=sys.stderr)
-        _fallback(args, workspace, str(failure))
+        return _fallback(args, workspace, str(failure))
     finally:
         folder.remove()
 
@@ -180,7 +186,7 @@ def _required_but(why: str) -> str:
 
 
 def _run(
-    bwrap: str,
+    bwrap: str | None,
     folder: SandboxFolder,
     client: dict[str, Any],
     connection_file: str,
@@ -189,11 +195,11 @@ def _run(
     workspace: str,
     bwrap_report: str,
 ) -> int:
-    inner_file, inner = kernel_connection(client, folder)
-    prepare_workspace(workspace)  # .ivralo exists before the sandbox mounts it read-only
+    inner_file, inner = kernel_connection(client, folder, abstract=bwrap is None)
+    prepare_workspace(workspace)  # .ivralo exists before the sandbox mounts it (and the host watches it)
     files = WorkspaceFiles(workspace)
     history = HistoryRecorder(workspace, TOOL_FILES_DEFAULT)  # before the kernel: what is there is not its own
-    env = kernel_env(workspace, files, protected_in_sandbox(workspace))
+    env = kernel_env(workspace, files, protected_in_sandbox(workspace) if bwrap is not None else frozenset())
     policy = KernelPolicy.from_env(os.environ, workspace)
     if policy.deadline_ms:
         env[names.ENV_HOST_ENFORCES_DEADLINE] = "1"
@@ -203,18 +209,24 @@ def _run(
     env[names.ENV_HOST_PIPE_FD] = str(life_r)
     inner_args = [*args]
     inner_args[inner_args.index("-f") + 1] = inner_file
-    notes = (env.get(names.ENV_HOST_NOTES), f"OS sandbox built with {bwrap_report}")  # for the banner
-    env[names.ENV_HOST_NOTES] = "\n".join(filter(None, notes))
-    command = sandboxed_command(
-        bwrap,
-        folder,
-        workspace,
-        _supervisor_argv(inner_args),
-        env,
-        read_only_files=(inner_file,),
-        tool_files=TOOL_FILES_DEFAULT,
-        jupyter_runtime_dir=os.path.dirname(connection_file),
-    )
+    if bwrap is None:  # the fallback: ``bwrap_report`` says why there is no sandbox
+        env[names.ENV_SANDBOX] = bwrap_report
+        env[names.ENV_EGRESS_SOCKET] = folder.egress_socket
+        env[names.ENV_RELAY_PORT] = str(names.RELAY_PORT_ANY)  # the supervisor picks a loopback port
+        command = _supervisor_argv(inner_args)
+    else:
+        notes = (env.get(names.ENV_HOST_NOTES), f"OS sandbox built with {bwrap_report}")  # for the banner
+        env[names.ENV_HOST_NOTES] = "\n".join(filter(None, notes))
+        command = sandboxed_command(
+            bwrap,
+            folder,
+            workspace,
+            _supervisor_argv(inner_args),
+            env,
+            read_only_files=(inner_file,),
+            tool_files=TOOL_FILES_DEFAULT,
+            jupyter_runtime_dir=os.path.dirname(connection_file),
+        )
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
@@ -236,7 +248,7 @@ def _run(
         )
         os.close(life_r)
         # The supervisor's first line, or bwrap's exit: a sandbox that cannot be built is said now.
-        failure = start.wait(process, bwrap)
+        failure = start.wait(process, bwrap) if bwrap is not None else None
     finally:
         start.close()
     if failure is not None:

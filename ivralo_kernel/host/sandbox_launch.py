@@ -29,7 +29,7 @@ from ivralo_kernel.protocol import names, pipe, seccomp
 
 PROXY_URL = f"http://127.0.0.1:{names.RELAY_PORT}"
 CHANNELS = ("shell", "iopub", "stdin", "control", "hb")
-PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")
+PROXY_VARIABLES = names.PROXY_VARIABLES
 # How long a start waits for the supervisor's "sandbox built" line. bwrap builds the sandbox in
 # milliseconds and the supervisor says so before it imports anything heavy; a machine slower than
 # this is left to the bootstrap budget (the wait ends, the start goes on), never failed here.
@@ -72,6 +72,14 @@ class SandboxFolder:
         return os.path.join(self.run_dir, "kernel")
 
     @property
+    def abstract_kernel_ip(self) -> str:
+        """The fallback's ``ip``: abstract unix sockets, ``@ivralo-XXXX-kernel-<port>``. No file: and
+        Landlock's scope (ABI 6) keeps every other kernel's tree from connecting to them, while the
+        host, in no Landlock domain, connects. (In the sandbox they would be in its network
+        namespace, out of the host's reach: there the run folder's files are used.)"""
+        return f"@{os.path.basename(self.root)}-kernel"
+
+    @property
     def egress_socket(self) -> str:
         return os.path.join(self.run_dir, "egress.sock")
 
@@ -110,11 +118,13 @@ def _seccomp_program_fd() -> int:
     return fd
 
 
-def kernel_connection(client: dict[str, Any], folder: SandboxFolder) -> tuple[str, dict[str, Any]]:
+def kernel_connection(
+    client: dict[str, Any], folder: SandboxFolder, *, abstract: bool = False
+) -> tuple[str, dict[str, Any]]:
     """The kernel's connection file: the client's key, ``ipc`` sockets in the run folder (read-only
-    inside; the kernel finds every port given and writes nothing)."""
+    inside; the kernel finds every port given and writes nothing), or abstract ones (the fallback)."""
     info = {k: v for k, v in client.items() if k not in (f"{c}_port" for c in CHANNELS)}
-    info |= {"transport": "ipc", "ip": folder.kernel_ip}
+    info |= {"transport": "ipc", "ip": folder.abstract_kernel_ip if abstract else folder.kernel_ip}
     info |= {f"{channel}_port": number for number, channel in enumerate(CHANNELS, start=1)}
     path = os.path.join(folder.root, "connection.json")
     with contextlib.suppress(FileNotFoundError):

@@ -219,12 +219,11 @@ class IvraloSettings(Configurable):  # type: ignore[misc]
     landlock_network = Flag(
         False,
         config=True,
-        help="Apply the Landlock TCP floor too (Linux >= 6.7, Landlock ABI 4): any process of the kernel's "
-        "tree (curl, pip, ctypes) may open TCP connections only to the ports of the hosts in hosts.allow "
-        "(80 and 443 for a host listed without a port; none when none is listed). Fixed when the kernel "
-        "starts: a host allowed later on another port needs a restart. Off by default: the floor knows "
-        "ports, not addresses, so it also refuses the kernel's own loopback links, whose ports are picked "
-        "at run time (a forked child's output, the debugger, a local cluster). Off when landlock is off.",
+        help="In the fallback (no OS sandbox), Landlock's TCP rule (Linux >= 6.7, ABI 4) always lets the "
+        "kernel's tree connect only to the host's egress proxy and the kernel's own links; this adds the "
+        "ports of the hosts in hosts.allow (80 and 443 for a host listed without a port), for direct links "
+        "such as a database driver's. Fixed when the kernel starts: a host allowed later on another port "
+        "needs a restart. The rule knows ports, not addresses. Off when landlock is off.",
     )
     sandbox = Choice(
         names.SANDBOX_MODES,

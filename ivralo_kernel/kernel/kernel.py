@@ -27,7 +27,7 @@ from traitlets import Type
 import ivralo_kernel.guards as guards_package
 from ivralo_kernel import __version__, compat
 from ivralo_kernel.guards.network import hosts_tried_line
-from ivralo_kernel.kernel import api, dataplane, surface_magics
+from ivralo_kernel.kernel import api, dataplane, own_ports, surface_magics
 from ivralo_kernel.kernel.broker_client import BROKER, HOST_CONNECT_TIMEOUT_S
 from ivralo_kernel.kernel.cell_checks import SecurityError, install_cell_checks, make_hermetic
 from ivralo_kernel.kernel.deadline import DeadlineNotices, InKernelWatchdog, SupervisorBackstop, interrupt_cell
@@ -64,7 +64,7 @@ class IvraloKernel(compat.KernelOverrides, IPythonKernel):
     control_msg_types = [*IPythonKernel.control_msg_types, *names.CONTROL_MSG_TYPES]  # noqa: RUF012 - ipykernel API
     msg_types = [*IPythonKernel.msg_types, names.MSG_DATA_CHUNK]  # noqa: RUF012 - ipykernel API
     # debugpy is imported at the first debug_request, not at every start (50 ms of CPU).
-    debugger_class = Type(compat.defer_debugger_import())
+    debugger_class = Type(compat.defer_debugger_import(own_ports.debugger_built))
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)

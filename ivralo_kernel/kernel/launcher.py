@@ -34,11 +34,18 @@ from ivralo_kernel.guards.history import History
 from ivralo_kernel.guards.landlock import LandlockResult, LandlockRules
 from ivralo_kernel.guards.landlock import apply as apply_landlock
 from ivralo_kernel.guards.network import install_network_guard
+from ivralo_kernel.kernel import own_ports
 from ivralo_kernel.kernel.broker_client import BROKER
 from ivralo_kernel.kernel.egress_judge import egress_judge
 from ivralo_kernel.kernel.launch_state import STATE
 from ivralo_kernel.kernel.mounts import read_only_mounts_inside
-from ivralo_kernel.kernel.sandbox_report import SANDBOX_DIRECT_REFUSAL, fallback_note, sandbox_layers, seccomp_report
+from ivralo_kernel.kernel.sandbox_report import (
+    FALLBACK_DIRECT_REFUSAL,
+    SANDBOX_DIRECT_REFUSAL,
+    fallback_note,
+    sandbox_layers,
+    seccomp_report,
+)
 from ivralo_kernel.kernel.stages import SupervisorPipe, write_failure
 from ivralo_kernel.kernel.unix_sockets import close_unix_sockets
 from ivralo_kernel.protocol import KernelPolicy, audience, default_memory_limit, names
@@ -103,9 +110,41 @@ def _private_tmp() -> str:
 def _tcp_floor_ports(policy: KernelPolicy, workspace: str) -> tuple[int, ...] | None:
     """Ports of the hosts allowed now (None: no TCP floor wanted). Read here, before the read guard
     closes .ivralo/; a host allowed later ("yes", "always") cannot widen a Landlock domain."""
+    proxy = _fallback_proxy_port()
+    # The fallback with the host's egress proxy: the kernel's Jupyter links are ipc, so the one TCP
+    # port its tree needs is the proxy's; curl, pip, ctypes reach the network only through it.
+    # landlock_network adds the allowed hosts' ports, for direct links (a database's driver).
+    # And the kernel's own loopback links (a forked child's output, the debugger), on ports held now.
+    through = (proxy, *own_ports.reserve()) if proxy is not None else ()
     if not policy.landlock_network:
+        return through or None
+    return tuple(dict.fromkeys((*through, *load_egress_policy(workspace, os.environ).connect_ports())))
+
+
+def _fallback_refusal() -> str | None:
+    """In the fallback whose TCP rule lets the tree reach the proxy only: direct links are refused with
+    the reason, asking nobody (the OS would refuse them anyway)."""
+    port = _fallback_proxy_port()
+    if port is None or STATE.tcp_floor != (port, *own_ports.reserved()):
         return None
-    return load_egress_policy(workspace, os.environ).connect_ports()
+    return FALLBACK_DIRECT_REFUSAL.replace("{port}", str(port))
+
+
+def _fallback_own_ports() -> tuple[int, ...]:
+    """The fallback's loopback ports that are the kernel's own: the proxy's and its links' (held)."""
+    proxy = _fallback_proxy_port()
+    return (proxy, *own_ports.reserved()) if proxy is not None else ()
+
+
+def _fallback_proxy_port() -> int | None:
+    """Outside the sandbox, the loopback port the supervisor relays to the host's egress proxy."""
+    if os.environ.get(names.ENV_SANDBOX) == names.SANDBOX_BWRAP or not os.environ.get(names.ENV_EGRESS_SOCKET):
+        return None
+    try:
+        port = int(os.environ.get(names.ENV_RELAY_PORT) or "")
+    except ValueError:
+        return None
+    return port if 0 < port < 65536 else None
 
 
 def _tcp_floor_report(ports: tuple[int, ...] | None, result: LandlockResult) -> str:
@@ -113,7 +152,15 @@ def _tcp_floor_report(ports: tuple[int, ...] | None, result: LandlockResult) -> 
         return "off (the default; landlock_network turns it on)"
     if "tcp-connect" not in result.handled:
         return f"unavailable: Landlock ABI {result.abi}; the TCP floor needs ABI 4 (Linux >= 6.7)"
-    return "ports " + ", ".join(map(str, ports)) if ports else "no TCP connect"
+    if not ports:
+        return "no TCP connect"
+    named = [str(port) for port in ports]
+    if _fallback_proxy_port() == ports[0]:  # the fallback's own ports come first (see _tcp_floor_ports)
+        own = len(own_ports.reserved()) + 1
+        named[0] += " (egress proxy)"
+        if own > 1:
+            named[own - 1] += " (the kernel's own links)"
+    return "ports " + ", ".join(named)
 
 
 def _apply_landlock(policy: KernelPolicy, workspace: str, tmp: str) -> tuple[str, str]:
@@ -183,6 +230,8 @@ def _ipc_socket_folder() -> str | None:
         return None
     if not isinstance(given, dict) or given.get("transport") != "ipc" or not given.get("ip"):
         return None
+    if str(given["ip"]).startswith("@"):
+        return None  # abstract sockets (the fallback's): no folder, no file
     return os.path.dirname(os.path.abspath(str(given["ip"])))
 
 
@@ -334,11 +383,18 @@ def main() -> None:
             egress_judge(workspace),
             tcp_floor=STATE.tcp_floor,
             tree_root=tree_root,
-            direct_refusal=SANDBOX_DIRECT_REFUSAL if sandboxed else None,
+            direct_refusal=SANDBOX_DIRECT_REFUSAL if sandboxed else _fallback_refusal(),
+            own_ports=() if sandboxed else _fallback_own_ports(),
         )
-        STATE.layers |= sandbox_layers(os.environ.get(names.ENV_SANDBOX, ""), STATE.layers.get("landlock", ""))
+        proxy = None if sandboxed else _fallback_proxy_port()
+        STATE.layers |= sandbox_layers(
+            os.environ.get(names.ENV_SANDBOX, ""), STATE.layers.get("landlock", ""), proxy, STATE.tcp_floor is not None
+        )
         if not sandboxed:
-            STATE.notes.append(fallback_note(os.environ.get(names.ENV_SANDBOX, "")))
+            mode, landlock = os.environ.get(names.ENV_SANDBOX, ""), STATE.layers.get("landlock", "")
+            STATE.notes.append(fallback_note(mode, proxy, STATE.tcp_floor is not None, landlock))
+        if STATE.tcp_floor is not None:
+            own_ports.install()  # the IOPub pipe's port, before the app builds it
         app = _build_app()  # step 6
         # Its Jupyter sockets are bound: from here on no new unix socket, for it and its tree.
         unix_sockets = STATE.layers["unix_sockets"] = close_unix_sockets(app)

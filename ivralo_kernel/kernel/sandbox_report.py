@@ -32,18 +32,61 @@ SANDBOX_DIRECT_REFUSAL = (
 )
 
 
-def sandbox_layers(mode: str, landlock: str) -> dict[str, str]:
+FALLBACK_DIRECT_REFUSAL = (
+    "ivralo network guard: {host} cannot be reached by a direct connection: this kernel runs without "
+    "ivralo's sandbox, and the OS (Landlock's TCP rule) lets its processes connect only to ivralo's proxy "
+    "(127.0.0.1:{port}). HTTP and HTTPS go through it, and it asks about hosts it does not know "
+    "(requests, urllib, httpx, pip, curl and git use it by themselves, through HTTPS_PROXY); for a "
+    "database, use ivralo.sql with databases.json. " + audience.TELL_THE_PERSON
+)
+NO_TCP_RULE = (
+    "a subprocess or ctypes can connect to any TCP port directly (Landlock's TCP rule needs ABI 4, "
+    "Linux >= 6.7; the proxy variables are only a convention)"
+)
+
+
+def fallback_network(proxy: int | None, tcp_rule: bool) -> str:
+    """What holds for the network in the fallback: the host's proxy with the OS's TCP rule, or less."""
+    if proxy is None:
+        return "not contained: the Python guard asks the host; other processes are not stopped"
+    way = f"through the host's egress proxy (127.0.0.1:{proxy}; HTTP_PROXY, HTTPS_PROXY, ALL_PROXY)"
+    if tcp_rule:
+        return f"only {way}: Landlock's TCP rule refuses every other TCP connect of the kernel's tree"
+    return f"{way}; {NO_TCP_RULE}"
+
+
+NO_SCOPE = (
+    "; another kernel's processes can connect to this kernel's Jupyter sockets (abstract unix sockets: "
+    "Landlock's scope needs ABI 6, Linux >= 6.12)"
+)
+
+
+def fallback_gaps(proxy: int | None, tcp_rule: bool, landlock: str = "") -> str:
+    gaps = FALLBACK_GAPS
+    if proxy is not None and tcp_rule:
+        gaps = FALLBACK_GAPS.replace("can reach the network directly, ", "can ")
+    elif proxy is not None:
+        gaps = FALLBACK_GAPS.replace("can reach the network directly", NO_TCP_RULE)
+    if proxy is not None and "abstract-socket-scope" not in landlock:
+        gaps += NO_SCOPE
+    return gaps
+
+
+def sandbox_layers(mode: str, landlock: str, proxy: int | None = None, tcp_rule: bool = False) -> dict[str, str]:
     if mode == names.SANDBOX_BWRAP:
         return {
             "sandbox": SANDBOX_LAYER,
             "network": EGRESS_LAYER,
             "network_guard": "audit hook: direct connections refused with the reason (the OS has no route anyway)",
         }
+    guard = "audit hook, asks the host"
+    if proxy is not None and tcp_rule:
+        guard = "audit hook: direct connections refused with the reason (Landlock's TCP rule refuses them anyway)"
     return {
         "sandbox": f"none ({_in_words(mode) or 'started without an ivralo host'})",
-        "network": "not contained: the Python guard asks the host; other processes are not stopped",
-        "network_guard": "audit hook, asks the host",
-        "not_stopped": FALLBACK_GAPS,
+        "network": fallback_network(proxy, tcp_rule),
+        "network_guard": guard,
+        "not_stopped": fallback_gaps(proxy, tcp_rule, landlock),
     }
 
 
@@ -52,16 +95,14 @@ def _in_words(mode: str) -> str:
     return container.without_host_advice(mode) if container.detect() else mode
 
 
-def fallback_note(mode: str) -> str:
+def fallback_note(mode: str, proxy: int | None = None, tcp_rule: bool = False, landlock: str = "") -> str:
     why = _in_words(mode) or "started without an ivralo host (a raw launch of kernel.json's command)"
-    note = (
-        f"no OS sandbox ({why}): running on the Python guards and Landlock only. Not stopped in this mode: "
-        f"{FALLBACK_GAPS}."
-    )
+    gaps = fallback_gaps(proxy, tcp_rule, landlock)
+    note = f"no OS sandbox ({why}): running on the Python guards and Landlock only. Not stopped in this mode: {gaps}."
     inside = container.detect()  # a hint only: the settings that close these gaps where it runs
     if inside is None:
         return note
-    return f"{note} {inside.advice()}. {inside.gaps(FALLBACK_GAPS)}."
+    return f"{note} {inside.advice()}. {inside.gaps(gaps)}."
 
 
 SECCOMP_LAYER = (

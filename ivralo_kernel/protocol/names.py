@@ -97,6 +97,8 @@ SANDBOX_BWRAP: Final = "bwrap"
 # The sandbox's loopback port of the egress relay (the sandbox has its own network namespace, so a
 # fixed port collides with nothing; 3128 is the port proxies are known by).
 RELAY_PORT: Final = 3128
+RELAY_PORT_ANY: Final = 0  # the fallback's: no network namespace, so a loopback port the OS picks
+PROXY_VARIABLES: Final = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")
 
 # The product's own database URL: always scrubbed, whatever its name says.
 ENV_PRODUCT_SQL_URL: Final = "IVRALO_SQL_URL"

@@ -9,6 +9,10 @@ Loopback has two meanings. A request for ``localhost:PORT`` where something insi
 listens on PORT (a dev server the cell started, a local cluster) is the kernel's own traffic: it is
 connected here, inside, and nobody is asked. Otherwise ``localhost`` means the person's machine, and
 the request goes to the host like any other.
+
+In the fallback (no sandbox, so no network namespace) the relay listens on a loopback port the OS
+picks, bound before the kernel is forked so that the kernel's Landlock TCP rule can name it, and it
+has no shortcut: every loopback port there is the person's machine, so every request goes to the host.
 """
 
 from __future__ import annotations
@@ -33,17 +37,20 @@ LOCAL_CONNECT_TIMEOUT_S = 1.0
 
 
 class Relay:
-    def __init__(self, port: int, upstream: str) -> None:
-        self.port, self.upstream = port, upstream
+    def __init__(self, port: int, upstream: str, *, inside_shortcut: bool = True) -> None:
+        self.port, self.upstream, self.inside_shortcut = port, upstream, inside_shortcut
         self._listeners: list[socket.socket] = []
         for family, address in ((socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1")):
             listener = socket.socket(family, socket.SOCK_STREAM)
             listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
-                listener.bind((address, port))
+                listener.bind((address, self.port))
             except OSError:
                 listener.close()  # no IPv6 in this sandbox: IPv4 alone is enough
+                if family == socket.AF_INET and self.port == 0:
+                    raise
                 continue
+            self.port = listener.getsockname()[1]  # port 0: the OS's choice, kept for ::1 too
             listener.listen(64)
             os.set_inheritable(listener.fileno(), False)
             self._listeners.append(listener)
@@ -114,7 +121,7 @@ class Relay:
 
     def _inside(self, host: str, port: int) -> socket.socket | None:
         """A connection to a server inside the sandbox on that port, if the request means one."""
-        if not is_loopback(host) or port == self.port:
+        if not self.inside_shortcut or not is_loopback(host) or port == self.port:
             return None
         for family, address in ((socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1")):
             s = socket.socket(family, socket.SOCK_STREAM)
@@ -129,14 +136,13 @@ class Relay:
         return None
 
 
-def start_relay(port_text: str | None, upstream: str | None) -> str:
-    """Start the relay when the host gave us an egress socket; returns what the layer report says."""
+def bind_relay(port_text: str | None, upstream: str | None, *, sandboxed: bool) -> Relay | None:
+    """The relay's listeners, bound (no thread yet: the kernel is forked after this) when the host
+    gave us an egress socket; None without one, or if it cannot listen (said on stderr)."""
     if not port_text or not upstream:
-        return "none"
+        return None
     try:
-        relay = Relay(int(port_text), upstream)
+        return Relay(int(port_text), upstream, inside_shortcut=sandboxed)
     except (OSError, ValueError) as exc:
         print(f"ivralo supervisor: cannot start the egress relay: {exc}", file=sys.stderr)
-        return f"failed: {exc}"
-    relay.start()
-    return f"127.0.0.1:{relay.port}"
+        return None

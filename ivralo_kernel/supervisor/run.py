@@ -29,6 +29,7 @@ import select
 import signal
 import sys
 import time
+from typing import Any
 
 # Only what is needed before the kernel is forked is imported here: from the fork on, the kernel's
 # start runs beside ours (on another core), so what the loop needs is imported after it, and what
@@ -221,6 +222,25 @@ class _StderrRelay:
                 return
 
 
+def _egress_relay() -> Any:
+    """The way out, when the host gave us its egress socket: in the sandbox on its fixed port, in the
+    fallback on a loopback port the OS picks (the host's ``0``). Bound now, started after the fork."""
+    relay_port, egress_socket = os.environ.get(names.ENV_RELAY_PORT), os.environ.get(names.ENV_EGRESS_SOCKET)
+    if not relay_port or not egress_socket:
+        return None
+    from ivralo_kernel.supervisor.relay import bind_relay
+
+    return bind_relay(relay_port, egress_socket, sandboxed=os.environ.get(names.ENV_SANDBOX) == names.SANDBOX_BWRAP)
+
+
+def _proxy_env(port: int) -> dict[str, str]:
+    url = f"http://127.0.0.1:{port}"
+    env = dict.fromkeys(names.PROXY_VARIABLES, url)
+    env["NO_PROXY"] = env["no_proxy"] = ""  # localhost too: the host knows which one is meant
+    env[names.ENV_RELAY_PORT] = str(port)
+    return env
+
+
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     _say_sandbox_built()  # step 0
@@ -260,15 +280,15 @@ def main(argv: list[str] | None = None) -> int:
     os.set_inheritable(stage_w, True)
     stderr = _StderrRelay()
     tmp = _private_tmp()  # the kernel's private temp folder; removed below
-    kernel = _start_kernel(args, _kernel_env(workspace, stage_w, tmp), stderr.write_fd)  # step 5
+    relay = _egress_relay()
+    kernel_env = _kernel_env(workspace, stage_w, tmp)
+    if relay is not None:  # the port it listens on, for the kernel's proxy variables and Landlock's TCP rule
+        kernel_env |= _proxy_env(relay.port)
+    kernel = _start_kernel(args, kernel_env, stderr.write_fd)  # step 5
     os.close(stage_w)
     os.close(stderr.write_fd)
-    # In the sandbox, the way out (after the fork: the kernel's child must not start with threads).
-    relay_port, egress_socket = os.environ.get(names.ENV_RELAY_PORT), os.environ.get(names.ENV_EGRESS_SOCKET)
-    if relay_port and egress_socket:
-        from ivralo_kernel.supervisor.relay import start_relay
-
-        start_relay(relay_port, egress_socket)
+    if relay is not None:  # its threads only after the fork: the kernel's child must not start with threads
+        relay.start()
     from ivralo_kernel.protocol import pipe
     from ivralo_kernel.protocol.processes import describe_exit, exit_code
     from ivralo_kernel.supervisor import tree
