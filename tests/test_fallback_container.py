@@ -54,7 +54,8 @@ def test_in_a_container_the_fallback_reaches_the_network_only_through_the_proxy_
         assert got == [], text  # nobody to ask in a raw launch: refused through the proxy too
     else:
         prompts = report["asked"]["prompts"]
-        assert prompts == [f"Code in this cell wants to reach localhost (port {port}). Allow? [yes/no] "], text
+        question = f"Code in this cell wants to reach localhost, this machine, port {port}. Allow? [yes/no] "
+        assert prompts == [question], text
         assert got == ["/yes"], text  # exactly one hit: the proxied request after the person's yes
     tried = report["into_b"]
     assert "no result" not in tried and any(f.endswith("/connection.json") for f in tried), text  # B's own, too
