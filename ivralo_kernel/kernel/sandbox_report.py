@@ -60,12 +60,20 @@ SECCOMP_LAYER = (
     "other processes' memory, kernel modules, TIOCSTI/TIOCLINUX refused (EPERM; clone3: ENOSYS)"
 )
 
+# The fallback's own part of the filter (protocol/seccomp.py: base_filter(fallback=True)).
+SECCOMP_FALLBACK_SOCKETS = (
+    "in the fallback the network is TCP only: UDP (so DNS), raw, ICMP, MPTCP and SCTP sockets, AF_PACKET and "
+    "families other than unix/inet/inet6/netlink, and TCP Fast Open refused"
+)
+
 
 def seccomp_report(installed_by: str) -> str:
     """What the layer report says of the base filter, from the supervisor's word and this process's
     own status (a filter the supervisor thinks it installed but this process lacks is not there)."""
     from ivralo_kernel.protocol.seccomp import filters_in_force
 
-    if installed_by in ("bwrap", "supervisor") and filters_in_force() > 0:
+    if installed_by == "supervisor" and filters_in_force() > 0:  # the supervisor installs it in the fallback only
+        return f"{SECCOMP_LAYER}; {SECCOMP_FALLBACK_SOCKETS}; installed by {installed_by}"
+    if installed_by == "bwrap" and filters_in_force() > 0:
         return f"{SECCOMP_LAYER}; installed by {installed_by}"
     return installed_by or "none: started without the supervisor"
