@@ -45,6 +45,7 @@ from ivralo_kernel.protocol import KernelPolicy, audience, default_memory_limit,
 from ivralo_kernel.protocol.closed_names import TOOL_FILES_DEFAULT
 from ivralo_kernel.protocol.credentials import config_home, credential_store_paths, home_config_inside
 from ivralo_kernel.protocol.egress import load_egress_policy
+from ivralo_kernel.protocol.fallback_reads import closed_reads, jupyter_runtime_dir, read_allow_list
 from ivralo_kernel.protocol.trust import is_trusted
 
 # Devices every kernel writes to: the null device, its terminal, and ptys. IPython runs ``!cmd`` and
@@ -131,7 +132,10 @@ def _apply_landlock(policy: KernelPolicy, workspace: str, tmp: str) -> tuple[str
     write_files = (*DEVICE_FILES, connection_file) if connection_file else DEVICE_FILES
     ipc = _ipc_socket_folder()
     exchange = _exchange_folder()
+    sandboxed = os.environ.get(names.ENV_SANDBOX) == names.SANDBOX_BWRAP
+    reads = None if sandboxed else _fallback_read_trees(policy, workspace, tmp, exchange)
     rules = LandlockRules(
+        read_trees=reads,
         write_trees=write_trees,
         write_files=write_files,
         socket_trees=(ipc,) if ipc else (),
@@ -152,6 +156,35 @@ def _apply_landlock(policy: KernelPolicy, workspace: str, tmp: str) -> tuple[str
     elif ports is not None:
         STATE.notes.append(f"TCP connect floor {tcp_report}: subprocesses may connect to any port")
     return f"ABI {result.abi}: {', '.join(result.handled)}", tcp_report
+
+
+def _fallback_read_trees(
+    policy: KernelPolicy, workspace: str, tmp: str, exchange: str | None
+) -> tuple[str, ...] | None:
+    """Without a sandbox, what the kernel's tree may read (protocol/fallback_reads.py); None when
+    the host turned the read floor off. Its own connection file, temp and exchange folders and
+    IPython's folder are granted by themselves; other kernels' files beside them are not."""
+    if policy.fallback_reads is None:
+        return None
+    connection_file = _connection_file_arg()
+    runtime = [jupyter_runtime_dir(os.environ), os.path.dirname(connection_file) if connection_file else ""]
+    closed = closed_reads(os.environ, _credential_stores(policy, workspace), runtime)
+    closed = [p for p in closed if not (workspace == p or workspace.startswith(p + os.sep))]
+    ipython_dir = os.environ.get("IPYTHONDIR") or os.path.expanduser("~/.ipython")
+    trees, split = read_allow_list(
+        workspace=workspace,
+        home=os.path.expanduser("~"),
+        own=(tmp, connection_file or "", exchange or "", ipython_dir),
+        extra=policy.fallback_reads,
+        closed=closed,
+    )
+    if workspace in split:
+        STATE.notes.append(
+            "the workspace holds Jupyter's runtime folder or a credential store, which stay unreadable: its "
+            "own folder cannot be listed, and a file or folder made at its top level after the start cannot be "
+            "read until a restart (Landlock grants a folder with all it holds); work in a subfolder"
+        )
+    return trees
 
 
 def _exchange_folder() -> str | None:

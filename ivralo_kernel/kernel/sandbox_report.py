@@ -20,8 +20,12 @@ EGRESS_LAYER = (
 )
 FALLBACK_GAPS = (
     "a subprocess or ctypes can reach the network directly, write .git/ and .ivralo/ inside the "
-    "workspace, read .env, credential stores (~/.ssh, ~/.aws, ...) and files outside it; run as "
+    "workspace, read .env and the files outside it that the read floor allows; run as "
     "root, it can read other processes' environments"
+)
+NO_READ_FLOOR = (
+    "; Landlock's read floor is not in force ({why}): any process reads other kernels' connection files, "
+    "Jupyter's runtime folder and the credential stores (~/.ssh, ~/.aws, ...)"
 )
 SANDBOX_DIRECT_REFUSAL = (
     "ivralo network guard: {host} cannot be reached by a direct connection: this kernel runs in "
@@ -43,7 +47,7 @@ def sandbox_layers(mode: str, landlock: str) -> dict[str, str]:
         "sandbox": f"none ({mode or 'started without an ivralo host'})",
         "network": "not contained: the Python guard asks the host; other processes are not stopped",
         "network_guard": "audit hook, asks the host",
-        "not_stopped": FALLBACK_GAPS,
+        "not_stopped": FALLBACK_GAPS + ("" if "fs-read" in landlock else NO_READ_FLOOR.format(why=landlock)),
     }
 
 

@@ -1,0 +1,134 @@
+"""The fallback's reads and sockets, under the emulated container (tests/container.py's
+``docker-default``: bwrap cannot build a sandbox, so the kernel runs in the fallback). Judged from
+outside: a loopback UDP listener's and a TCP server's counts, the files the cells' shells wrote, and
+that no secret appears in anything the kernel sent."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+from container import run
+from sandbox_cases import tcp_and_udp
+
+from ivralo_kernel.guards.landlock import abi
+
+HERE = Path(__file__).resolve().parent
+FAKE_KEY = "-----BEGIN OPENSSH PRIVATE KEY----- fake-4c1e9a77d2 -----END OPENSSH PRIVATE KEY-----"
+
+ATTEMPTS = r"""
+import ctypes, json, os, socket, subprocess
+other = OTHER_CONNECTION_FILE
+runtime = os.path.dirname(other)
+got = {}
+def attempt(name, fn):
+    try:
+        got[name] = repr(fn())[:300]
+    except BaseException as e:
+        got[name] = type(e).__name__
+def sh(script):
+    return subprocess.run(['sh', '-c', script], capture_output=True, text=True, timeout=60).stdout
+attempt('read key', lambda: open(os.path.expanduser('~/.ssh/id_rsa')).read())
+attempt('read other', lambda: open(other).read())
+attempt('list runtime', lambda: os.listdir(runtime))
+libc = ctypes.CDLL(None, use_errno=True)
+def c_read(path):
+    fd = libc.open(path.encode(), 0)
+    if fd < 0:
+        raise OSError(ctypes.get_errno(), 'open')
+    buf = ctypes.create_string_buffer(4096)
+    return buf.raw[: libc.read(fd, buf, 4096)]
+attempt('ctypes key', lambda: c_read(os.path.expanduser('~/.ssh/id_rsa')))
+attempt('ctypes other', lambda: c_read(other))
+sh(f'cat ~/.ssh/id_rsa > leak-key.txt; cat {other} > leak-other.txt; ls -a {runtime} > leak-runtime.txt')
+child = (
+    "import socket\n"
+    "for name, make in [('udp', lambda: socket.socket(2, 2)), ('udp6', lambda: socket.socket(10, 2)),"
+    " ('raw', lambda: socket.socket(2, 3, 17)), ('packet', lambda: socket.socket(17, 3, 0)),"
+    " ('mptcp', lambda: socket.socket(2, 1, 262))]:\n"
+    "    try:\n"
+    "        s = make()\n"
+    "        s.sendto(b'x', ('127.0.0.1', UDP)) if name != 'mptcp' else s.connect(('127.0.0.1', TCP))\n"
+    "        print(name, 'done')\n"
+    "    except OSError as e:\n"
+    "        print(name, type(e).__name__)\n"
+    "s = socket.socket()\n"
+    "try:\n"
+    "    s.sendto(b'GET / HTTP/1.0\\r\\n\\r\\n', 0x20000000, ('127.0.0.1', TCP)); print('tfo done')\n"
+    "except OSError as e:\n"
+    "    print('tfo', type(e).__name__)\n"
+    "try:\n"
+    "    s = socket.socket(); s.setsockopt(6, 30, 1); s.connect(('127.0.0.1', TCP)); print('tfo-connect done')\n"
+    "except OSError as e:\n"
+    "    print('tfo-connect', type(e).__name__)\n"
+)
+got['sh python'] = sh("python3 -I -c " + __import__('shlex').quote(child))
+def c_udp():
+    fd = libc.socket(2, 2, 0)
+    if fd < 0:
+        raise OSError(ctypes.get_errno(), 'socket')
+    addr = (ctypes.c_ubyte * 16)(2, 0, UDP >> 8, UDP & 255, 127, 0, 0, 1)
+    return libc.sendto(fd, b'x', 1, 0, addr, 16)
+attempt('ctypes udp', c_udp)
+def c_mptcp():
+    if libc.socket(2, 1, 262) < 0:
+        raise OSError(ctypes.get_errno(), 'socket')
+attempt('ctypes mptcp', c_mptcp)
+import numpy, pandas, matplotlib
+matplotlib.use('Agg')
+import matplotlib.pyplot as plt
+plt.plot([1, 2, 3]); plt.savefig('plot.png')
+got['pip'] = sh('python3 -m pip --version')[:4]
+got['hosts'] = 'localhost' in open('/etc/hosts').read()
+got['history'] = len(list(get_ipython().history_manager.get_tail(5, include_latest=True))) >= 0
+got['pandas'] = int(pandas.DataFrame({'a': numpy.arange(3)}).a.sum())
+print(json.dumps(got))
+"""
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.skipif(abi() < 1, reason="Landlock is not available on this kernel: the read floor cannot exist")
+def test_the_fallback_reads_and_sockets_are_closed(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".ssh" / "id_rsa").write_text(FAKE_KEY)
+    workspace = tmp_path / "work"
+    workspace.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JUPYTER_RUNTIME")}
+    env["HOME"] = str(home)
+    env.pop("IPYTHONDIR", None)
+    with tcp_and_udp() as (tcp_port, udp_port, tcp_hits, udp_hits):
+        code = tmp_path / "attempts.py"
+        code.write_text(ATTEMPTS.replace("UDP", str(udp_port)).replace("TCP", str(tcp_port)))
+        argv = [sys.executable, str(HERE / "fallback_attempts.py"), "ivralo", str(workspace), str(code)]
+        done = run("docker-default", argv, env=env, cwd=workspace, timeout=540)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    layers, iopub, other = report["layers"], report["iopub"], report["other"]
+    assert layers["sandbox"].startswith("none"), layers["sandbox"]
+    assert "fs-read" in layers["landlock"], layers["landlock"]
+    assert "TCP only" in layers["seccomp"], layers["seccomp"]
+    everything = json.dumps(iopub)
+    other_key = json.loads(Path(other).read_text())["key"] if Path(other).exists() else None
+    # Never the kernel's word alone: no secret in anything it sent, nor in the files its shell wrote.
+    assert "fake-4c1e9a77d2" not in everything
+    assert other_key is None or other_key not in everything
+    for leak in ("leak-key.txt", "leak-other.txt", "leak-runtime.txt"):
+        text = (workspace / leak).read_text()
+        assert "fake-4c1e9a77d2" not in text and (other_key is None or other_key not in text), leak
+        assert os.path.basename(other) not in text, leak
+    assert udp_hits.hits == 0 and tcp_hits.hits == 0, everything
+    streams = [m["content"]["text"] for m in iopub if m["type"] == "stream" and m["content"]["name"] == "stdout"]
+    got = json.loads("".join(streams).strip().splitlines()[-1])
+    for name in ("read key", "read other", "list runtime", "ctypes key", "ctypes other"):
+        assert got[name] in ("PermissionError", "GuardRefusal", "OSError"), (name, got[name])
+    for line in ("udp", "udp6", "raw", "packet", "mptcp", "tfo", "tfo-connect"):
+        assert f"{line} PermissionError" in got["sh python"].splitlines(), got["sh python"]
+    assert got["ctypes udp"] == "PermissionError" and got["ctypes mptcp"] == "PermissionError", got
+    # Everyday work still works.
+    assert (workspace / "plot.png").read_bytes().startswith(b"\x89PNG")
+    assert got["pip"] == "pip ", got
+    assert got["hosts"] is True and got["history"] is True and got["pandas"] == 3, got
