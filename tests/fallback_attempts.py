@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import json
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
 from jupyter_client.manager import KernelManager
+from jupyter_core.paths import jupyter_runtime_dir
 
 
 def _run(kc: Any, code: str) -> list[dict[str, Any]]:
@@ -28,7 +30,13 @@ def _run(kc: Any, code: str) -> list[dict[str, Any]]:
 
 def main() -> None:
     kernel_name, workspace, code_file = sys.argv[1:4]
-    managers = [KernelManager(kernel_name=kernel_name) for _ in range(2)]
+    # In Jupyter's runtime folder, as JupyterLab names them.
+    runtime = Path(jupyter_runtime_dir())
+    runtime.mkdir(parents=True, exist_ok=True)
+    managers = [
+        KernelManager(kernel_name=kernel_name, connection_file=str(runtime / f"kernel-{uuid.uuid4()}.json"))
+        for _ in range(2)
+    ]
     clients = []
     try:
         for manager in managers:

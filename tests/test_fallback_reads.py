@@ -83,7 +83,10 @@ import matplotlib.pyplot as plt
 plt.plot([1, 2, 3]); plt.savefig('plot.png')
 got['pip'] = sh('python3 -m pip --version')[:4]
 got['hosts'] = 'localhost' in open('/etc/hosts').read()
-got['history'] = len(list(get_ipython().history_manager.get_tail(5, include_latest=True))) >= 0
+hm = get_ipython().history_manager
+got['history'] = [str(hm.hist_file), hm.db.execute('select count(*) from sessions').fetchone()[0]]
+got['ipython folder'] = 'startup' in os.listdir(os.path.expanduser('~/.ipython/profile_default'))
+attempt('config home', lambda: open(os.path.expanduser('~/.config/ivralo/marker.json')).read())
 got['pandas'] = int(pandas.DataFrame({'a': numpy.arange(3)}).a.sum())
 print(json.dumps(got))
 """
@@ -95,11 +98,15 @@ def test_the_fallback_reads_and_sockets_are_closed(tmp_path: Path) -> None:
     home = tmp_path / "home"
     (home / ".ssh").mkdir(parents=True)
     (home / ".ssh" / "id_rsa").write_text(FAKE_KEY)
+    (home / ".config" / "ivralo").mkdir(parents=True)
+    (home / ".config" / "ivralo" / "marker.json").write_text('{"marker": "cfg-77a1e0"}')
     workspace = tmp_path / "work"
     workspace.mkdir()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("JUPYTER_RUNTIME")}
+    # The newcomer's folders: Jupyter's runtime folder, the config home and IPython's folder are
+    # where they are by default, in the (fake) home folder; only the kernelspec is found elsewhere.
+    moved = ("JUPYTER_CONFIG_DIR", "JUPYTER_DATA_DIR", "JUPYTER_RUNTIME_DIR", "IPYTHONDIR", "MPLCONFIGDIR")
+    env = {k: v for k, v in os.environ.items() if k not in (*moved, "IVRALO_CONFIG_HOME", "XDG_CONFIG_HOME")}
     env["HOME"] = str(home)
-    env.pop("IPYTHONDIR", None)
     with tcp_and_udp() as (tcp_port, udp_port, tcp_hits, udp_hits):
         code = tmp_path / "attempts.py"
         code.write_text(ATTEMPTS.replace("UDP", str(udp_port)).replace("TCP", str(tcp_port)))
@@ -114,7 +121,9 @@ def test_the_fallback_reads_and_sockets_are_closed(tmp_path: Path) -> None:
     everything = json.dumps(iopub)
     other_key = json.loads(Path(other).read_text())["key"] if Path(other).exists() else None
     # Never the kernel's word alone: no secret in anything it sent, nor in the files its shell wrote.
-    assert "fake-4c1e9a77d2" not in everything
+    assert "fake-4c1e9a77d2" not in everything, "the fake key was sent"
+    assert "cfg-77a1e0" not in everything, "the config home's file was sent"
+    assert other.startswith(str(home / ".local" / "share" / "jupyter" / "runtime")), other
     assert other_key is None or other_key not in everything
     for leak in ("leak-key.txt", "leak-other.txt", "leak-runtime.txt"):
         text = (workspace / leak).read_text()
@@ -123,7 +132,7 @@ def test_the_fallback_reads_and_sockets_are_closed(tmp_path: Path) -> None:
     assert udp_hits.hits == 0 and tcp_hits.hits == 0, everything
     streams = [m["content"]["text"] for m in iopub if m["type"] == "stream" and m["content"]["name"] == "stdout"]
     got = json.loads("".join(streams).strip().splitlines()[-1])
-    for name in ("read key", "read other", "list runtime", "ctypes key", "ctypes other"):
+    for name in ("read key", "read other", "list runtime", "ctypes key", "ctypes other", "config home"):
         assert got[name] in ("PermissionError", "GuardRefusal", "OSError"), (name, got[name])
     for line in ("udp", "udp6", "raw", "packet", "mptcp", "tfo", "tfo-connect"):
         assert f"{line} PermissionError" in got["sh python"].splitlines(), got["sh python"]
@@ -131,4 +140,7 @@ def test_the_fallback_reads_and_sockets_are_closed(tmp_path: Path) -> None:
     # Everyday work still works.
     assert (workspace / "plot.png").read_bytes().startswith(b"\x89PNG")
     assert got["pip"] == "pip ", got
-    assert got["hosts"] is True and got["history"] is True and got["pandas"] == 3, got
+    assert got["hosts"] is True and got["pandas"] == 3, got
+    # IPython's history answers (in memory: the write floor keeps IPython's folder unwritable, as on
+    # main, since a startup file there would run in the next kernel), and its folder can be read.
+    assert got["history"][1] >= 1 and got["ipython folder"] is True, got

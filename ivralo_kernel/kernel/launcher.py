@@ -371,7 +371,7 @@ def main() -> None:
         )
         STATE.layers |= sandbox_layers(os.environ.get(names.ENV_SANDBOX, ""), STATE.layers.get("landlock", ""))
         if not sandboxed:
-            STATE.notes.append(fallback_note(os.environ.get(names.ENV_SANDBOX, "")))
+            STATE.notes.append(fallback_note(os.environ.get(names.ENV_SANDBOX, ""), STATE.layers.get("landlock", "")))
         app = _build_app()  # step 6
         # Its Jupyter sockets are bound: from here on no new unix socket, for it and its tree.
         unix_sockets = STATE.layers["unix_sockets"] = close_unix_sockets(app)

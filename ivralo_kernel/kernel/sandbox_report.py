@@ -51,11 +51,11 @@ def sandbox_layers(mode: str, landlock: str) -> dict[str, str]:
     }
 
 
-def fallback_note(mode: str) -> str:
+def fallback_note(mode: str, landlock: str = "fs-read") -> str:
     why = mode or "started without an ivralo host (a raw launch of kernel.json's command)"
     return (
         f"no OS sandbox ({why}): running on the Python guards and Landlock only. Not stopped in this mode: "
-        f"{FALLBACK_GAPS}."
+        f"{FALLBACK_GAPS}{'' if 'fs-read' in landlock else NO_READ_FLOOR.format(why=landlock)}."
     )
 
 
