@@ -83,3 +83,17 @@ subprocess.run(['sh', '-c', script], timeout=30)
     assert (out / "data").read_text() == "a,b\n1,2\n"
     assert (out / "notes").read_text() == "hello"
     assert "localhost" in (out / "hosts").read_text()
+
+
+def test_without_the_read_floor_the_report_says_what_is_readable() -> None:
+    from ivralo_kernel.kernel.sandbox_report import fallback_note, sandbox_layers
+
+    for landlock in (
+        "off (turned off by the host's settings)",
+        "unavailable: Landlock is not available",
+        "ABI 7: fs-write",
+    ):
+        said = sandbox_layers("no user namespaces", landlock)["not_stopped"]
+        assert "read floor is not in force" in said and landlock in said, said
+        assert "read floor is not in force" in fallback_note("no user namespaces", landlock)
+    assert "not in force" not in sandbox_layers("no user namespaces", "ABI 7: fs-write, fs-read")["not_stopped"]
