@@ -44,7 +44,7 @@ from ivralo_kernel.kernel.unix_sockets import close_unix_sockets
 from ivralo_kernel.protocol import KernelPolicy, audience, default_memory_limit, names
 from ivralo_kernel.protocol.closed_names import TOOL_FILES_DEFAULT
 from ivralo_kernel.protocol.credentials import config_home, credential_store_paths, home_config_inside
-from ivralo_kernel.protocol.egress import load_egress_policy
+from ivralo_kernel.protocol.egress import PERMISSIONS_FILE, load_egress_policy
 from ivralo_kernel.protocol.fallback_reads import closed_reads, jupyter_runtime_dir, read_allow_list
 from ivralo_kernel.protocol.trust import is_trusted
 
@@ -174,7 +174,8 @@ def _fallback_read_trees(
     trees, split = read_allow_list(
         workspace=workspace,
         home=os.path.expanduser("~"),
-        own=(tmp, connection_file or "", exchange or "", ipython_dir),
+        # The config home's allow list of hosts is no secret, and a kernel without a host judges by it.
+        own=(tmp, connection_file or "", exchange or "", ipython_dir, str(config_home(os.environ) / PERMISSIONS_FILE)),
         extra=policy.fallback_reads,
         closed=closed,
     )
@@ -283,6 +284,11 @@ def _closed_tools(workspace: str) -> tuple[str, ...]:
 def _install_file_guards(policy: KernelPolicy, workspace: str) -> tuple[FileGuard, bool]:
     tmp = _private_tmp()
     _ensure_ipython_profile()
+    # Read before Landlock: in the fallback its read floor closes the home folder's listing and the
+    # config home (the trust store) to this process too.
+    closed_writes = home_config_inside(workspace, os.environ)
+    closed_tools = _closed_tools(workspace)
+    trusted = policy.trusted if policy.trusted is not None else is_trusted(workspace, os.environ)
     STATE.layers["landlock"], STATE.layers["tcp_connect_floor"] = _apply_landlock(policy, workspace, tmp)
     connection_file = _connection_file_arg() or ""
     ipython_dir = os.environ.get("IPYTHONDIR") or os.path.expanduser("~/.ipython")
@@ -293,8 +299,8 @@ def _install_file_guards(policy: KernelPolicy, workspace: str) -> tuple[FileGuar
         writable_extra=(tmp, *DEVICE_FILES, *DEVICE_TREES, *filter(None, [_exchange_folder()])),
         config_home_is_workspace=os.path.realpath(config_home(os.environ)) == workspace,
         closed_reads=_credential_stores(policy, workspace),
-        closed_writes=home_config_inside(workspace, os.environ),
-        closed_tools=_closed_tools(workspace),
+        closed_writes=closed_writes,
+        closed_tools=closed_tools,
         home_inside=_home_inside(workspace),
         home_kept_open=(os.path.realpath(ipython_dir),),
         # While the kernel starts, IPython may create its profile folder and ipykernel its runtime files.
@@ -303,7 +309,6 @@ def _install_file_guards(policy: KernelPolicy, workspace: str) -> tuple[FileGuar
         ),
     )
     history = History(os.path.join(workspace, names.HISTORY_DIR), policy.history_cap_bytes, policy.history_cap_count)
-    trusted = policy.trusted if policy.trusted is not None else is_trusted(workspace, os.environ)
     return install_file_guard(fs_policy, history), trusted
 
 
