@@ -69,7 +69,8 @@ script = (
     f'cat {{home}}/.local/share/jupyter/runtime/kernel-other.json > {{out}}/other; '
     f'ls {{home}}/.local/share/jupyter/runtime > {{out}}/listing; '
     f'cat {{home}}/data/table.csv > {{out}}/data; cat {{home}}/notes.txt > {{out}}/notes; '
-    f'cat /etc/hosts > {{out}}/hosts'
+    f'cat /etc/hosts > {{out}}/hosts; cat /proc/self/root{{home}}/.ssh/id_rsa > {{out}}/proc; '
+    f'ln {{home}}/.ssh/id_rsa {{out}}/hard; cat {{out}}/hard > {{out}}/hardcat'
 )
 subprocess.run(['sh', '-c', script], timeout=30)
 """
@@ -77,7 +78,8 @@ subprocess.run(['sh', '-c', script], timeout=30)
         [sys.executable, "-c", child, json.dumps([*rules, str(out)])], capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 0, done.stderr
-    for name in ("key", "link", "other", "listing"):
+    assert not (out / "hard").exists(), "a hard link would carry the key into a readable folder"
+    for name in ("key", "link", "other", "listing", "proc", "hardcat"):
         text = (out / name).read_text()
         assert SECRET not in text and "kernel-other" not in text, name
     assert (out / "data").read_text() == "a,b\n1,2\n"
