@@ -4,7 +4,9 @@ Landlock (Linux >= 5.13) is the kernel-enforced half of the write guard: the aud
 friendly error for Python-level writes, Landlock stops every write, from any code (ctypes, C
 extensions, ``sh``, ``curl``), in this process and in every process it starts later.
 
-* Only *write-type* filesystem rights are handled, so reading and executing stay free everywhere.
+* Write-type filesystem rights are handled; reads (``READ_FILE``, ``READ_DIR``) only when
+  ``read_trees`` is given (the fallback, where no mount hides anything: an allow list of what a
+  kernel reads, see ``protocol/fallback_reads.py``). Executing is never handled.
   ``IOCTL_DEV`` (ABI 5) is deliberately not handled: once handled, every device opened afterwards
   refuses non-generic ioctls unless a rule grants them, which breaks ``/dev/tty`` and ``/dev/pts``
   terminal control (``stty``, ``getpass``, pagers) and GPU devices, and it is not a write anyway.
@@ -41,7 +43,8 @@ _RULE_NET_PORT = 2
 # Filesystem access rights, with the ABI that introduced them.
 _FS_EXECUTE = 1 << 0  # 1 (never handled here: listed for the file-rights mask)
 _FS_WRITE_FILE = 1 << 1  # 1
-_FS_READ_FILE = 1 << 2  # 1 (never handled here)
+_FS_READ_FILE = 1 << 2  # 1 (handled with read_trees)
+_FS_READ_DIR = 1 << 3  # 1 (handled with read_trees)
 _FS_REMOVE_DIR = 1 << 4  # 1
 _FS_REMOVE_FILE = 1 << 5  # 1
 _FS_MAKE_CHAR = 1 << 6  # 1
@@ -103,6 +106,8 @@ class LandlockRules:
     # Folders where files others made may be written to and removed, but none made (the namespace
     # API's exchange folder: the host creates and sizes each segment there).
     exchange_trees: tuple[str, ...] = ()
+    # None: reads stay free. A tuple: only these trees (or files) can be read or listed.
+    read_trees: tuple[str, ...] | None = None
     connect_ports: tuple[int, ...] | None = None
     bind_ports: tuple[int, ...] | None = None
     scope_signals: bool = False
@@ -238,6 +243,10 @@ def apply(rules: LandlockRules) -> LandlockResult:
             write |= bits
     handled = ["fs-write"]
     notes: list[str] = []
+    read = 0
+    if rules.read_trees is not None:
+        read = _FS_READ_FILE | _FS_READ_DIR
+        handled.append("fs-read")
 
     net = 0
     wants_tcp = rules.connect_ports is not None or rules.bind_ports is not None
@@ -262,7 +271,7 @@ def apply(rules: LandlockRules) -> LandlockResult:
             scoped |= _SCOPE_ABSTRACT_UNIX_SOCKET
             handled.append("abstract-socket-scope")
 
-    attr = _RulesetAttr(handled_access_fs=write, handled_access_net=net, scoped=scoped)
+    attr = _RulesetAttr(handled_access_fs=write | read, handled_access_net=net, scoped=scoped)
     ruleset_fd = _check(
         _syscall(_SYS_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(_ruleset_size(version)), ctypes.c_uint32(0)),
         "landlock_create_ruleset",
@@ -279,7 +288,10 @@ def apply(rules: LandlockRules) -> LandlockResult:
             if not _add_path_rule(ruleset_fd, path, _FS_MAKE_SOCK, tree=True):
                 skipped.append(path)
         for path in rules.exchange_trees:
-            if not _add_path_rule(ruleset_fd, path, _FS_WRITE_FILE | _FS_REMOVE_FILE, tree=True):
+            if not _add_path_rule(ruleset_fd, path, _FS_WRITE_FILE | _FS_REMOVE_FILE | read, tree=True):
+                skipped.append(path)
+        for path in rules.read_trees or ():
+            if not _add_path_rule(ruleset_fd, path, read, tree=False):
                 skipped.append(path)
         if net & _NET_CONNECT_TCP:
             for port in rules.connect_ports or ():

@@ -225,6 +225,20 @@ class IvraloSettings(Configurable):  # type: ignore[misc]
         "such as a database driver's. Fixed when the kernel starts: a host allowed later on another port "
         "needs a restart. The rule knows ports, not addresses. Off when landlock is off.",
     )
+    fallback_reads = List(
+        Unicode(),
+        [],
+        config=True,
+        help="Without a sandbox, Landlock lets the kernel's tree read only a list of trees (the system's, "
+        "the interpreter's, the workspace, the home folder's entries but Jupyter's runtime folder, the "
+        "config home and the credential stores; docs/security.md). Absolute folders to add to it.",
+    )
+    fallback_read_floor = Flag(
+        True,
+        config=True,
+        help="Without a sandbox, restrict reads to the list above (Landlock, Linux >= 5.13). Off: every "
+        "process of the kernel's tree reads other kernels' connection files and the credential stores.",
+    )
     sandbox = Choice(
         names.SANDBOX_MODES,
         default_value="auto",

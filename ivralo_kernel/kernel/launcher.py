@@ -51,7 +51,8 @@ from ivralo_kernel.kernel.unix_sockets import close_unix_sockets
 from ivralo_kernel.protocol import KernelPolicy, audience, default_memory_limit, names
 from ivralo_kernel.protocol.closed_names import TOOL_FILES_DEFAULT
 from ivralo_kernel.protocol.credentials import config_home, credential_store_paths, home_config_inside
-from ivralo_kernel.protocol.egress import load_egress_policy
+from ivralo_kernel.protocol.egress import PERMISSIONS_FILE, load_egress_policy
+from ivralo_kernel.protocol.fallback_reads import closed_reads, jupyter_runtime_dir, read_allow_list
 from ivralo_kernel.protocol.trust import is_trusted
 
 # Devices every kernel writes to: the null device, its terminal, and ptys. IPython runs ``!cmd`` and
@@ -178,7 +179,10 @@ def _apply_landlock(policy: KernelPolicy, workspace: str, tmp: str) -> tuple[str
     write_files = (*DEVICE_FILES, connection_file) if connection_file else DEVICE_FILES
     ipc = _ipc_socket_folder()
     exchange = _exchange_folder()
+    sandboxed = os.environ.get(names.ENV_SANDBOX) == names.SANDBOX_BWRAP
+    reads = None if sandboxed else _fallback_read_trees(policy, workspace, tmp, exchange)
     rules = LandlockRules(
+        read_trees=reads,
         write_trees=write_trees,
         write_files=write_files,
         socket_trees=(ipc,) if ipc else (),
@@ -199,6 +203,42 @@ def _apply_landlock(policy: KernelPolicy, workspace: str, tmp: str) -> tuple[str
     elif ports is not None:
         STATE.notes.append(f"TCP connect floor {tcp_report}: subprocesses may connect to any port")
     return f"ABI {result.abi}: {', '.join(result.handled)}", tcp_report
+
+
+def _fallback_read_trees(
+    policy: KernelPolicy, workspace: str, tmp: str, exchange: str | None
+) -> tuple[str, ...] | None:
+    """Without a sandbox, what the kernel's tree may read (protocol/fallback_reads.py); None when
+    the host turned the read floor off. Its own connection file, temp and exchange folders and
+    IPython's folder are granted by themselves; other kernels' files beside them are not."""
+    if policy.fallback_reads is None:
+        return None
+    connection_file = _connection_file_arg()
+    runtime = [jupyter_runtime_dir(os.environ), os.path.dirname(connection_file) if connection_file else ""]
+    closed = closed_reads(os.environ, _credential_stores(policy, workspace), runtime)
+    closed = [p for p in closed if not (workspace == p or workspace.startswith(p + os.sep))]
+    # The workspace is granted whole: a cell reads back what it wrote at its top level (docker-stacks'
+    # workspace is the home folder). Landlock grants a folder with all it holds, so what is closed
+    # inside it stays readable there; the OS sandbox closes it.
+    inside = [p for p in closed if p.startswith(workspace.rstrip(os.sep) + os.sep)]
+    closed = [p for p in closed if p not in inside]
+    ipython_dir = os.environ.get("IPYTHONDIR") or os.path.expanduser("~/.ipython")
+    trees, _split = read_allow_list(
+        workspace=workspace,
+        home=os.path.expanduser("~"),
+        # The config home's allow list of hosts is no secret, and a kernel without a host judges by it.
+        own=(tmp, connection_file or "", exchange or "", ipython_dir, str(config_home(os.environ) / PERMISSIONS_FILE)),
+        extra=policy.fallback_reads,
+        closed=closed,
+    )
+    if inside:
+        STATE.notes.append(
+            "the workspace holds Jupyter's runtime folder or a credential store, and the read floor grants the "
+            "workspace whole, so they stay readable from the kernel's processes (other kernels' connection files "
+            "give no way in: the TCP rule and Landlock's socket scope close their ports); work in a subfolder, or "
+            "give the container the settings for the full sandbox (ivralo-kernel doctor names them)"
+        )
+    return trees
 
 
 def _exchange_folder() -> str | None:
@@ -299,6 +339,11 @@ def _closed_tools(workspace: str) -> tuple[str, ...]:
 def _install_file_guards(policy: KernelPolicy, workspace: str) -> tuple[FileGuard, bool]:
     tmp = _private_tmp()
     _ensure_ipython_profile()
+    # Read before Landlock: in the fallback its read floor closes the home folder's listing and the
+    # config home (the trust store) to this process too.
+    closed_writes = home_config_inside(workspace, os.environ)
+    closed_tools = _closed_tools(workspace)
+    trusted = policy.trusted if policy.trusted is not None else is_trusted(workspace, os.environ)
     STATE.layers["landlock"], STATE.layers["tcp_connect_floor"] = _apply_landlock(policy, workspace, tmp)
     connection_file = _connection_file_arg() or ""
     ipython_dir = os.environ.get("IPYTHONDIR") or os.path.expanduser("~/.ipython")
@@ -309,8 +354,8 @@ def _install_file_guards(policy: KernelPolicy, workspace: str) -> tuple[FileGuar
         writable_extra=(tmp, *DEVICE_FILES, *DEVICE_TREES, *filter(None, [_exchange_folder()])),
         config_home_is_workspace=os.path.realpath(config_home(os.environ)) == workspace,
         closed_reads=_credential_stores(policy, workspace),
-        closed_writes=home_config_inside(workspace, os.environ),
-        closed_tools=_closed_tools(workspace),
+        closed_writes=closed_writes,
+        closed_tools=closed_tools,
         home_inside=_home_inside(workspace),
         home_kept_open=(os.path.realpath(ipython_dir),),
         # While the kernel starts, IPython may create its profile folder and ipykernel its runtime files.
@@ -319,7 +364,6 @@ def _install_file_guards(policy: KernelPolicy, workspace: str) -> tuple[FileGuar
         ),
     )
     history = History(os.path.join(workspace, names.HISTORY_DIR), policy.history_cap_bytes, policy.history_cap_count)
-    trusted = policy.trusted if policy.trusted is not None else is_trusted(workspace, os.environ)
     return install_file_guard(fs_policy, history), trusted
 
 

@@ -20,8 +20,12 @@ EGRESS_LAYER = (
 )
 FALLBACK_GAPS = (
     "a subprocess or ctypes can reach the network directly, write .git/ and .ivralo/ inside the "
-    "workspace, read .env, credential stores (~/.ssh, ~/.aws, ...) and files outside it; run as "
+    "workspace, read .env and the files outside it that the read floor allows; run as "
     "root, it can read other processes' environments"
+)
+NO_READ_FLOOR = (
+    "; Landlock's read floor is not in force ({why}): any process reads other kernels' connection files, "
+    "Jupyter's runtime folder and the credential stores (~/.ssh, ~/.aws, ...)"
 )
 SANDBOX_DIRECT_REFUSAL = (
     "ivralo network guard: {host} cannot be reached by a direct connection: this kernel runs in "
@@ -69,6 +73,8 @@ def fallback_gaps(proxy: int | None, tcp_rule: bool, landlock: str = "") -> str:
         gaps = FALLBACK_GAPS.replace("can reach the network directly", NO_TCP_RULE)
     if proxy is not None and "abstract-socket-scope" not in landlock:
         gaps += NO_SCOPE
+    if "fs-read" not in landlock:
+        gaps += NO_READ_FLOOR.format(why=landlock)
     return gaps
 
 
@@ -110,12 +116,20 @@ SECCOMP_LAYER = (
     "other processes' memory, kernel modules, TIOCSTI/TIOCLINUX refused (EPERM; clone3: ENOSYS)"
 )
 
+# The fallback's own part of the filter (protocol/seccomp.py: base_filter(fallback=True)).
+SECCOMP_FALLBACK_SOCKETS = (
+    "in the fallback the network is TCP only: UDP (so DNS), raw, ICMP, MPTCP and SCTP sockets, AF_PACKET and "
+    "families other than unix/inet/inet6/netlink, and TCP Fast Open refused"
+)
+
 
 def seccomp_report(installed_by: str) -> str:
     """What the layer report says of the base filter, from the supervisor's word and this process's
     own status (a filter the supervisor thinks it installed but this process lacks is not there)."""
     from ivralo_kernel.protocol.seccomp import filters_in_force
 
-    if installed_by in ("bwrap", "supervisor") and filters_in_force() > 0:
+    if installed_by == "supervisor" and filters_in_force() > 0:  # the supervisor installs it in the fallback only
+        return f"{SECCOMP_LAYER}; {SECCOMP_FALLBACK_SOCKETS}; installed by {installed_by}"
+    if installed_by == "bwrap" and filters_in_force() > 0:
         return f"{SECCOMP_LAYER}; installed by {installed_by}"
     return installed_by or "none: started without the supervisor"

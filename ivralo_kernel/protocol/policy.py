@@ -56,6 +56,9 @@ class KernelPolicy:
     landlock_network: bool = False
     # Absolute paths the kernel may not read (credential stores); None: the default list.
     credential_stores: tuple[str, ...] | None = None
+    # Without a sandbox: trees the kernel's tree may read besides the default list
+    # (protocol/fallback_reads.py); None: reads are not restricted.
+    fallback_reads: tuple[str, ...] | None = ()
     # Who reads the refusals (protocol.audience): a person at a notebook, or an agent's tool.
     audience: str = "person"
     # The project surface (the interpreter's packages), or the hermetic one (names.SURFACES).
@@ -95,8 +98,9 @@ class KernelPolicy:
         if not isinstance(data, dict):
             raise ConfigError("policy", "the policy file does not hold an object", "Let the host write it")
         known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
-        if isinstance(known.get("credential_stores"), list):
-            known["credential_stores"] = tuple(known["credential_stores"])
+        for listed in ("credential_stores", "fallback_reads"):
+            if isinstance(known.get(listed), list):
+                known[listed] = tuple(known[listed])
         if isinstance(known.get("code_gate"), dict):
             known["code_gate"] = GateRules.from_dict(known["code_gate"])
         return cls(**known)

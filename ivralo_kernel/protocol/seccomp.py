@@ -11,6 +11,12 @@ one fails the way it would on a kernel without the feature:
   in Docker, so glibc falls back to ``clone``, whose flags a classic filter can read), ptrace and
   reads of other processes' memory, kernel modules and kexec, and the terminal ioctls that type
   into a terminal (TIOCSTI, TIOCLINUX).
+  In the fallback (no sandbox, so no network namespace of its own: ``fallback=True``) it also keeps
+  the network to TCP, the one protocol Landlock's connect rule and the egress proxy judge: an
+  AF_INET/AF_INET6 socket must be a TCP stream (no UDP, so no DNS of its own, no raw or ICMP
+  socket, no MPTCP or SCTP), only the families the kernel's tree uses (unix, inet, inet6, netlink)
+  can be made (no AF_PACKET, Bluetooth, CAN, ...), and TCP Fast Open, whose SYN carries data past
+  Landlock's connect hook, is refused (``MSG_FASTOPEN`` on a send, ``TCP_FASTOPEN_CONNECT``).
 * :func:`unix_socket_filter`, on the kernel process once its own Jupyter sockets are bound (all
   its threads at once, TSYNC), and so on every process it starts: no new AF_UNIX socket, so no
   unix socket of the machine can be reached wherever it lives (a read-only mount does not stop
@@ -46,8 +52,14 @@ PR_SET_NO_NEW_PRIVS: Final = 38
 _NR, _ARCH, _ARGS = 0, 4, 16
 
 AF_UNIX: Final = 1
+AF_INET: Final = 2
+AF_INET6: Final = 10
+AF_NETLINK: Final = 16  # glibc's getaddrinfo reads the interfaces' addresses through it (AI_ADDRCONFIG)
 AF_VSOCK: Final = 40
 SOCK_STREAM: Final = 1
+IPPROTO_TCP: Final = 6
+MSG_FASTOPEN: Final = 0x20000000
+TCP_FASTOPEN_CONNECT: Final = 30
 SOCK_SEQPACKET: Final = 5
 SOCK_TYPE_MASK: Final = 0xF
 TIOCSTI: Final = 0x5412  # push a byte into the terminal's input: types a command into its shell
@@ -97,7 +109,10 @@ _X86_64: Final = MappingProxyType(
     {
         "ioctl": 16,
         "socket": 41,
+        "sendto": 44,
+        "sendmsg": 46,
         "socketpair": 53,
+        "setsockopt": 54,
         "clone": 56,
         "ptrace": 101,
         "pivot_root": 155,
@@ -115,6 +130,7 @@ _X86_64: Final = MappingProxyType(
         "setns": 308,
         "process_vm_readv": 310,
         "process_vm_writev": 311,
+        "sendmmsg": 307,
         "finit_module": 313,
         "seccomp": 317,
         "kexec_file_load": 320,
@@ -135,6 +151,9 @@ _AARCH64: Final = MappingProxyType(
         "ptrace": 117,
         "socket": 198,
         "socketpair": 199,
+        "sendto": 206,
+        "setsockopt": 208,
+        "sendmsg": 211,
         "add_key": 217,
         "request_key": 218,
         "keyctl": 219,
@@ -144,6 +163,7 @@ _AARCH64: Final = MappingProxyType(
         "setns": 268,
         "process_vm_readv": 270,
         "process_vm_writev": 271,
+        "sendmmsg": 269,
         "finit_module": 273,
         "seccomp": 277,
         "bpf": 280,
@@ -226,8 +246,9 @@ def _end(program: Program) -> None:
     program.ret(_errno(errno.ENOSYS))
 
 
-def base_filter(arch: Arch) -> bytes:
-    """The filter for the supervisor and everything under it (see the module's docstring)."""
+def base_filter(arch: Arch, *, fallback: bool = False) -> bytes:
+    """The filter for the supervisor and everything under it (see the module's docstring);
+    ``fallback``: outside a sandbox, where it also keeps the network to TCP."""
     p = Program()
     _start(arch, p)
     # The calls judged by their arguments first: ioctl, socket and clone are frequent, and the kernel's
@@ -237,12 +258,21 @@ def base_filter(arch: Arch) -> bytes:
     p.jump_if_equal(arch.nr("clone"), "clone")
     p.jump_if_equal(arch.nr("unshare"), "unshare")
     p.jump_if_equal(arch.nr("clone3"), "enosys")
+    if fallback:
+        # The flags' argument of each send: MSG_FASTOPEN connects and sends in one call, which
+        # Landlock's connect rule does not see.
+        p.jump_if_equal(arch.nr("sendto"), "send_flags_3")
+        p.jump_if_equal(arch.nr("sendmmsg"), "send_flags_3")
+        p.jump_if_equal(arch.nr("sendmsg"), "send_flags_2")
+        p.jump_if_equal(arch.nr("setsockopt"), "setsockopt")
     for name in REFUSED:
         p.jump_if_equal(arch.nr(name), "eperm")
     p.ret(SECCOMP_RET_ALLOW)
     p.label("socket")
     p.load(_arg(0))  # the address family
     p.jump_if_equal(AF_VSOCK, "eperm")
+    if fallback:
+        _fallback_socket_rules(p)
     p.ret(SECCOMP_RET_ALLOW)
     p.label("clone")
     p.load(_arg(0))  # the flags, on x86_64 and aarch64 alike
@@ -259,6 +289,35 @@ def base_filter(arch: Arch) -> bytes:
     p.ret(SECCOMP_RET_ALLOW)
     _end(p)
     return p.assemble()
+
+
+def _fallback_socket_rules(p: Program) -> None:
+    """After ``socket``'s family is loaded: inet sockets are TCP streams, other families only those
+    the kernel's tree uses; then the checks of the sends' flags and of ``setsockopt``."""
+    p.jump_if_equal(AF_INET, "inet")
+    p.jump_if_equal(AF_INET6, "inet")
+    p.jump_if_equal(AF_UNIX, "allow")
+    p.jump_if_equal(AF_NETLINK, "allow", "eperm")
+    p.label("inet")
+    p.load(_arg(1))
+    p.and_(SOCK_TYPE_MASK)  # SOCK_NONBLOCK and SOCK_CLOEXEC ride in the same argument
+    p.jump_if_equal(SOCK_STREAM, None, "eperm")  # UDP, raw, ICMP, SCTP's seqpacket, SOCK_PACKET
+    p.load(_arg(2))  # the protocol: 0 or TCP; MPTCP (262) and SCTP (132) are refused
+    p.jump_if_equal(0, "allow")
+    p.jump_if_equal(IPPROTO_TCP, "allow", "eperm")
+    p.label("send_flags_3")
+    p.load(_arg(3))
+    p.jump_if_any_bit(MSG_FASTOPEN, "eperm", "allow")
+    p.label("send_flags_2")
+    p.load(_arg(2))
+    p.jump_if_any_bit(MSG_FASTOPEN, "eperm", "allow")
+    p.label("setsockopt")
+    p.load(_arg(1))  # the level
+    p.jump_if_equal(IPPROTO_TCP, None, "allow")
+    p.load(_arg(2))  # the option
+    p.jump_if_equal(TCP_FASTOPEN_CONNECT, "eperm")
+    p.label("allow")
+    p.ret(SECCOMP_RET_ALLOW)
 
 
 def unix_socket_filter(arch: Arch) -> bytes:

@@ -108,7 +108,8 @@ def _seccomp() -> str:
         return "bwrap"
     linux.leave_the_session_keyring(arch.nr("keyctl"))  # before the filter refuses keyctl
     try:
-        seccomp.install(seccomp.base_filter(arch), arch)
+        # We are in the fallback: the network is kept to TCP here too (we relay only TCP, to the proxy).
+        seccomp.install(seccomp.base_filter(arch, fallback=True), arch)
     except seccomp.SeccompUnavailable as exc:
         print(f"ivralo supervisor: no seccomp filter: {exc}", file=sys.stderr)
         return f"none: Linux refused it ({str(exc).replace(',', ';')})"
