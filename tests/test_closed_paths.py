@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 from conftest import SANDBOXED_KERNEL
-from jupyter_client.manager import KernelManager
 from kernel_helpers import execute
 from sandbox_cases import sh, started_kernel
 
@@ -284,8 +283,43 @@ def test_with_the_workspace_the_home_folder_every_dot_entry_stays_closed(
     assert left <= {".ivralo", ".ipython"}, f"left behind: {sorted(left)}"
 
 
-def test_a_project_venv_inside_the_workspace_is_read_only(workspace: Path) -> None:
-    """A uv project whose .venv runs the kernel: the interpreter and its packages are the host's code."""
+# The host, run from the project's venv (as `uv run jupyter lab` does): its kernel's shell and Python
+# try to write the host's interpreter and packages. Prints what the cell's Python was told.
+VENV_HOST = r"""
+import sys
+from jupyter_client.manager import KernelManager
+site = sys.argv[1]
+manager = KernelManager(kernel_name=sys.argv[2])
+manager.kernel_spec.argv[0] = sys.executable
+manager.start_kernel(cwd=sys.argv[3])
+client = manager.client()
+client.start_channels()
+try:
+    client.wait_for_ready(timeout=60)
+    code = (
+        "import subprocess\n"
+        f"subprocess.run(['sh', '-c', \"touch .venv/bin/evil; echo 'import os' > {site}/evil.pth; "
+        "echo x >> .venv/pyvenv.cfg\"])\n"
+        f"try:\n    open({site + '/evil2.pth'!r}, 'w')\nexcept OSError as e:\n    print(e)\n"
+    )
+    client.execute(code)
+    while True:
+        msg = client.get_iopub_msg(timeout=60)
+        if msg["msg_type"] == "stream":
+            print(msg["content"]["text"], end="")
+        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle" and msg["parent_header"]:
+            if msg["parent_header"].get("msg_type") == "execute_request":
+                break
+finally:
+    client.stop_channels()
+    manager.shutdown_kernel(now=True)
+"""
+
+
+def test_the_hosts_own_venv_inside_the_workspace_is_read_only(workspace: Path) -> None:
+    """A uv project whose .venv runs JupyterLab: that interpreter and its packages are the host's
+    code, so the kernel writes none of it. (A project venv that only the kernel runs stays writable:
+    test_frontend_features' %pip install into it.)"""
     venv = workspace / ".venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     python = venv / "bin" / "python"
@@ -299,26 +333,18 @@ def test_a_project_venv_inside_the_workspace_is_read_only(workspace: Path) -> No
     )
     # This checkout's packages, seen through the project's venv (as `uv pip install` would have put them).
     (site / "outer.pth").write_text(f"import site; site.addsitedir({sysconfig.get_paths()['purelib']!r})\n")
-    manager = KernelManager(kernel_name=SANDBOXED_KERNEL)
-    manager.kernel_spec.argv[0] = str(python)  # type: ignore[union-attr]
-    manager.start_kernel(cwd=str(workspace))
-    client = manager.client()
-    client.start_channels()
-    try:
-        client.wait_for_ready(timeout=60)
-        pid = int(client.kernel_info(reply=True, timeout=30)["content"]["ivralo"]["pid"])
-        host_pid = manager.provisioner.host_pid(pid)  # type: ignore[union-attr]
-        cmdline = Path(f"/proc/{host_pid}/cmdline").read_bytes().split(b"\0")
-        said = sh(client, f"touch .venv/bin/evil; echo 'import os' > {site}/evil.pth; echo x >> .venv/pyvenv.cfg")
-        done = execute(client, f"try:\n    open({str(site / 'evil2.pth')!r}, 'w')\nexcept OSError as e:\n    print(e)")
-    finally:
-        client.stop_channels()
-        manager.shutdown_kernel(now=True)
-    assert cmdline[0] == str(python).encode(), cmdline  # the kernel ran from the project's venv
-    assert not (venv / "bin" / "evil").exists(), said
-    assert not (site / "evil.pth").exists() and not (site / "evil2.pth").exists(), (said, done.stdout)
-    assert "x" not in (venv / "pyvenv.cfg").read_text().splitlines(), said
-    assert ".venv is closed" in done.stdout, done.stdout
+    host = subprocess.run(
+        [str(python), "-c", VENV_HOST, str(site), SANDBOXED_KERNEL, str(workspace)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert host.returncode == 0, host.stderr[-3000:]
+    assert not (venv / "bin" / "evil").exists(), host.stdout
+    assert not (site / "evil.pth").exists() and not (site / "evil2.pth").exists(), host.stdout
+    assert "x" not in (venv / "pyvenv.cfg").read_text().splitlines(), host.stdout
+    assert ".venv is closed" in host.stdout, host.stdout
 
 
 def test_placeholders_stay_while_another_kernel_of_the_workspace_lives(workspace: Path) -> None:

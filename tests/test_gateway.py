@@ -211,5 +211,5 @@ async def test_the_agents_ask_answers_the_gateway_hosts_question(
         async with Session(tmp_path, ask=ask, gateway_url=url_of(gateway)) as session:
             code = f"import urllib.request\nprint(urllib.request.urlopen('http://localhost:{port}/gw').status)"
             result = await session.run(code)
-    assert asked == [(f"Code in this cell wants to reach localhost (port {port})", ("yes", "no"))], result
+    assert asked == [(f"Code in this cell wants to reach localhost, this machine, port {port}", ("yes", "no"))], result
     assert hits == (["/gw"] if answer == "yes" else []), result

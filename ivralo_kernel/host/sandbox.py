@@ -412,6 +412,10 @@ class SandboxPlan:
     # The interpreter and the code the kernel runs: seen read-only even where they live in a folder
     # the sandbox empties (a virtualenv or a checkout under /tmp).
     code_trees: tuple[str, ...] = ()
+    # The host's own interpreter, its packages and ivralo's code: read-only inside even in the workspace
+    # (a uv project whose .venv runs JupyterLab), since what the kernel wrote there would run in the host.
+    # A project's own .venv that only the kernel runs is not among them: %pip install writes there.
+    host_trees: tuple[str, ...] = ()
     # The person's credential stores, absolute (see protocol.credentials.CREDENTIAL_STORES).
     credential_store_paths: tuple[str, ...] = ()
     # The kernel's exchange folder for the namespace API's data plane (on tmpfs, usually in /dev/shm):
@@ -534,7 +538,7 @@ class SandboxPlan:
         for path in home_config_inside(self.workspace, {**self.env, "HOME": self.home}):
             if path not in out and path not in ipython and not os.path.islink(path):
                 out.append(path)
-        for path in dict.fromkeys(os.path.realpath(p) for p in self.code_trees if os.path.isdir(p)):
+        for path in dict.fromkeys(os.path.realpath(p) for p in self.host_trees if os.path.isdir(p)):
             if path != self.workspace and _inside(path, self.workspace) and path not in out:
                 out.append(path)
         return out

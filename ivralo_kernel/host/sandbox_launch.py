@@ -174,6 +174,7 @@ def sandboxed_command(
         jupyter_runtime_dir=jupyter_runtime_dir,
         scratch_overlays=(_ipython_dir(env),),
         code_trees=_code_trees(cmd[0]),
+        host_trees=_host_trees(),
         credential_store_paths=credential_stores,
         exchange_dir=exchange_dir,
         scratch_bytes=scratch,
@@ -199,6 +200,14 @@ def _code_trees(python: str) -> tuple[str, ...]:
     # The package itself too: an editable checkout that is the workspace keeps its host code closed.
     roots += [sys.prefix, sys.base_prefix, os.path.dirname(package), package]
     return tuple(roots)
+
+
+def _host_trees() -> tuple[str, ...]:
+    """The host's own interpreter and packages, and ivralo's code (an editable checkout too)."""
+    import ivralo_kernel
+
+    package = os.path.dirname(os.path.abspath(ivralo_kernel.__file__))
+    return (sys.prefix, sys.base_prefix, os.path.dirname(package), package)
 
 
 def _ipython_dir(env: dict[str, str]) -> str:
