@@ -41,7 +41,8 @@ from ivralo_kernel.host.closed_paths import HOME_FILES, TOOL_FILES_DEFAULT, Plac
 from ivralo_kernel.protocol import database_env_names, names, scrub
 from ivralo_kernel.protocol.credentials import ScrubRule, config_home, credential_store_paths, home_config_inside
 
-CLOSED_SEED = (".git", names.STATE_DIR, "databases.json")
+DATABASES_FILE = "databases.json"
+CLOSED_SEED = (".git", names.STATE_DIR, DATABASES_FILE)
 HISTORY_DIR = names.HISTORY_DIR
 ENV_SCAN_MAX_DIRS = 5000  # .env files are looked for this far; a larger tree is cut short (logged)
 ENV_SCAN_SKIP = frozenset({".git", "node_modules", ".venv", "venv", "__pycache__", ".tox", ".mypy_cache"})
@@ -497,7 +498,11 @@ class SandboxPlan:
         for path in self._closed_names():
             target = os.path.realpath(path) if os.path.islink(path) else path
             if _inside(target, self.workspace) and target != self.workspace:
-                wanted.append((target, "dir", ""))
+                # databases.json is the person's to write while a kernel runs (JupyterLab's editor, a
+                # script): an empty file they can fill in place, not a folder in the way (it shows in
+                # `git status` meanwhile). The host reads an empty one as none.
+                kind = "file" if os.path.basename(target) == DATABASES_FILE else "dir"
+                wanted.append((target, kind, ""))
         found: dict[str, Placeholder] = {}
         for path, kind, content in wanted:
             placeholder = placeholder_for(path, kind, content)

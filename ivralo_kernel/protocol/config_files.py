@@ -17,6 +17,8 @@ def read_json_file(path: Path) -> tuple[str | None, Any, str | None]:
         return None, None, None
     except OSError as exc:
         return None, None, f"{path}: cannot be read ({exc.strerror})"
+    if not text.strip():  # an empty file is the sandbox's placeholder too (databases.json): no file
+        return None, None, None
     try:
         return text, json.loads(text), None
     except json.JSONDecodeError as exc:
