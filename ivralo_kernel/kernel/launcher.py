@@ -405,7 +405,7 @@ def main() -> None:
                 if supervisor_layers.get("namespace_limits", "0") != "0"
                 else "none (no namespace of the kernel's own: the host's observer counts inotify instances)"
             ),
-            "seccomp": seccomp_report(supervisor_layers.get("seccomp", "")),
+            "seccomp": seccomp_report(supervisor_layers.get("seccomp", ""), policy.landlock_network),
             "write_guard": "audit hook",
             "read_guard": "audit hook",
             "trust_gate": "open (trusted folder)" if trusted else "closed (folder not trusted)",

@@ -123,13 +123,21 @@ SECCOMP_FALLBACK_SOCKETS = (
 )
 
 
-def seccomp_report(installed_by: str) -> str:
+SECCOMP_FALLBACK_UDP = (
+    "in the fallback the network is TCP and UDP (direct links are allowed, landlock_network, and their names "
+    "resolve by DNS): raw, ICMP, MPTCP and SCTP sockets, AF_PACKET and families other than unix/inet/inet6/"
+    "netlink, and TCP Fast Open refused"
+)
+
+
+def seccomp_report(installed_by: str, direct_links: bool = False) -> str:
     """What the layer report says of the base filter, from the supervisor's word and this process's
     own status (a filter the supervisor thinks it installed but this process lacks is not there)."""
     from ivralo_kernel.protocol.seccomp import filters_in_force
 
     if installed_by == "supervisor" and filters_in_force() > 0:  # the supervisor installs it in the fallback only
-        return f"{SECCOMP_LAYER}; {SECCOMP_FALLBACK_SOCKETS}; installed by {installed_by}"
+        sockets = SECCOMP_FALLBACK_UDP if direct_links else SECCOMP_FALLBACK_SOCKETS
+        return f"{SECCOMP_LAYER}; {sockets}; installed by {installed_by}"
     if installed_by == "bwrap" and filters_in_force() > 0:
         return f"{SECCOMP_LAYER}; installed by {installed_by}"
     return installed_by or "none: started without the supervisor"

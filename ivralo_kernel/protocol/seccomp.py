@@ -57,6 +57,8 @@ AF_INET6: Final = 10
 AF_NETLINK: Final = 16  # glibc's getaddrinfo reads the interfaces' addresses through it (AI_ADDRCONFIG)
 AF_VSOCK: Final = 40
 SOCK_STREAM: Final = 1
+SOCK_DGRAM: Final = 2
+IPPROTO_UDP: Final = 17
 IPPROTO_TCP: Final = 6
 MSG_FASTOPEN: Final = 0x20000000
 TCP_FASTOPEN_CONNECT: Final = 30
@@ -246,9 +248,10 @@ def _end(program: Program) -> None:
     program.ret(_errno(errno.ENOSYS))
 
 
-def base_filter(arch: Arch, *, fallback: bool = False) -> bytes:
+def base_filter(arch: Arch, *, fallback: bool = False, udp: bool = False) -> bytes:
     """The filter for the supervisor and everything under it (see the module's docstring);
-    ``fallback``: outside a sandbox, where it also keeps the network to TCP."""
+    ``fallback``: outside a sandbox, where it also keeps the network to TCP; ``udp``: and UDP, for the
+    fallback whose person allowed direct links (``landlock_network``): their names resolve by DNS."""
     p = Program()
     _start(arch, p)
     # The calls judged by their arguments first: ioctl, socket and clone are frequent, and the kernel's
@@ -272,7 +275,7 @@ def base_filter(arch: Arch, *, fallback: bool = False) -> bytes:
     p.load(_arg(0))  # the address family
     p.jump_if_equal(AF_VSOCK, "eperm")
     if fallback:
-        _fallback_socket_rules(p)
+        _fallback_socket_rules(p, udp)
     p.ret(SECCOMP_RET_ALLOW)
     p.label("clone")
     p.load(_arg(0))  # the flags, on x86_64 and aarch64 alike
@@ -291,7 +294,7 @@ def base_filter(arch: Arch, *, fallback: bool = False) -> bytes:
     return p.assemble()
 
 
-def _fallback_socket_rules(p: Program) -> None:
+def _fallback_socket_rules(p: Program, udp: bool = False) -> None:
     """After ``socket``'s family is loaded: inet sockets are TCP streams, other families only those
     the kernel's tree uses; then the checks of the sends' flags and of ``setsockopt``."""
     p.jump_if_equal(AF_INET, "inet")
@@ -301,10 +304,17 @@ def _fallback_socket_rules(p: Program) -> None:
     p.label("inet")
     p.load(_arg(1))
     p.and_(SOCK_TYPE_MASK)  # SOCK_NONBLOCK and SOCK_CLOEXEC ride in the same argument
+    if udp:
+        p.jump_if_equal(SOCK_DGRAM, "dgram")
     p.jump_if_equal(SOCK_STREAM, None, "eperm")  # UDP, raw, ICMP, SCTP's seqpacket, SOCK_PACKET
     p.load(_arg(2))  # the protocol: 0 or TCP; MPTCP (262) and SCTP (132) are refused
     p.jump_if_equal(0, "allow")
     p.jump_if_equal(IPPROTO_TCP, "allow", "eperm")
+    if udp:
+        p.label("dgram")
+        p.load(_arg(2))  # 0 or UDP; ICMP datagrams (ping sockets) are refused
+        p.jump_if_equal(0, "allow")
+        p.jump_if_equal(IPPROTO_UDP, "allow", "eperm")
     p.label("send_flags_3")
     p.load(_arg(3))
     p.jump_if_any_bit(MSG_FASTOPEN, "eperm", "allow")

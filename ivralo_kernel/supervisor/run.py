@@ -93,7 +93,7 @@ def _kernel_env(workspace: str, stage_fd: int, tmp: str) -> dict[str, str]:
     return env
 
 
-def _seccomp() -> str:
+def _seccomp(direct_links: bool = False) -> str:
     """The base seccomp filter over us and the kernel's tree: bwrap loaded it already in a sandbox
     (``--seccomp``, before our first instruction); in the fallback it is installed here, before the
     kernel is forked. Returns who installed it (``bwrap``, ``supervisor``) or why there is none."""
@@ -108,8 +108,9 @@ def _seccomp() -> str:
         return "bwrap"
     linux.leave_the_session_keyring(arch.nr("keyctl"))  # before the filter refuses keyctl
     try:
-        # We are in the fallback: the network is kept to TCP here too (we relay only TCP, to the proxy).
-        seccomp.install(seccomp.base_filter(arch, fallback=True), arch)
+        # We are in the fallback: the network is kept to TCP here too (we relay only TCP, to the proxy);
+        # with direct links allowed (landlock_network) UDP too, or their names would not resolve.
+        seccomp.install(seccomp.base_filter(arch, fallback=True, udp=direct_links), arch)
     except seccomp.SeccompUnavailable as exc:
         print(f"ivralo supervisor: no seccomp filter: {exc}", file=sys.stderr)
         return f"none: Linux refused it ({str(exc).replace(',', ';')})"
@@ -253,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     linux.set_not_dumpable()  # the kernel can neither trace us nor write our memory (our backstop)
     subreaper = linux.set_child_subreaper()  # step 2
     death_signal = linux.set_parent_death_signal(SIGNAL_PARENT_DIED)  # step 3
-    filtered = _seccomp()
+    filtered = _seccomp(direct_links=policy.landlock_network)
     os.environ[names.ENV_SUPERVISOR_LAYERS] = (
         f"subreaper={int(subreaper)},parent_death_signal={int(death_signal)},seccomp={filtered}"
     )
