@@ -243,7 +243,7 @@ def without_sandbox() -> None:
     """The direct GET needs a direct route, which the OS sandbox does not give (its egress proxy's
     cost is sandbox_cost.py's): the worker runs without it, as the bench did before the sandbox came."""
     settings = Path(os.environ["JUPYTER_CONFIG_DIR"]) / "jupyter_ivralo_config.json"
-    settings.write_text(json.dumps({"IvraloSettings": {"sandbox": "off"}}), encoding="utf-8")
+    settings.write_text(json.dumps({"IvraloSettings": {"sandbox": "off", "landlock_network": True}}), encoding="utf-8")
 
 
 def output_json(result: object, what: str) -> Any:

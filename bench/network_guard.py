@@ -322,7 +322,7 @@ def harness(ctx: Context) -> list[Metric]:
         bench = Bench(workspace, Path(os.environ["JUPYTER_RUNTIME_DIR"]), ctx.kernel_log, args.timeout)
         # The audit hook's cost on a direct connect: in the OS sandbox there is no direct route (the
         # egress proxy's cost is sandbox_cost.py's), so this ivralo kernel runs without it.
-        bench.kernel_names[IVRALO] = install_spec_with("ivralo-nosandbox", sandbox="off")
+        bench.kernel_names[IVRALO] = install_spec_with("ivralo-nosandbox", sandbox="off", landlock_network=True)
         data = measure(bench, server, closed_loopback_port(), args, ctx.log)
     finally:
         server.close()
@@ -377,7 +377,8 @@ def run(args: argparse.Namespace, root: Path, kernel_log: IO[bytes], log: Callab
         allowed = [f"127.0.0.1:{server.port}", f"localhost:{server.port}"]
         (workspace / ".ivralo" / "permissions.json").write_text(json.dumps({"hosts": {"allow": allowed}}))
         bench = Bench(workspace, Path(folders["JUPYTER_RUNTIME_DIR"]), kernel_log, args.timeout)
-        bench.kernel_names[IVRALO] = install_spec_with("ivralo-nosandbox", sandbox="off")  # see harness()
+        # see harness(): direct links to the allowed hosts (landlock_network), as the fallback needs for them
+        bench.kernel_names[IVRALO] = install_spec_with("ivralo-nosandbox", sandbox="off", landlock_network=True)
         load_before = os.getloadavg()
         t_run = time.monotonic()
         log(f"{args.rounds} interleaved rounds of {args.connects} connects + {args.lookups} lookups per kind")
