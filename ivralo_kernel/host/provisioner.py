@@ -9,7 +9,6 @@ can clean up and leaves ``setsid`` children behind.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import glob
 import ipaddress
@@ -45,6 +44,7 @@ from ivralo_kernel.host.escalation import DeadlinePolicy
 from ivralo_kernel.host.history_ledger import HistoryRecorder
 from ivralo_kernel.host.kernel_output import relay_output
 from ivralo_kernel.host.kernelspec import SUPERVISOR_MODULE
+from ivralo_kernel.host.off_loop import off_loop
 from ivralo_kernel.host.prewarm import PER_KERNEL_ENV, SPARE_FLAG, Recipe, Spare, SpareKey, fingerprint
 from ivralo_kernel.host.processes import find_in_tree, host_pid
 from ivralo_kernel.host.sandbox import SandboxUnavailable, choose_bwrap, dotenv_for_kernel, prepare_workspace
@@ -518,7 +518,7 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
             info = await super().launch_kernel(cmd, **{**kwargs, "env": env, "pass_fds": pass_fds})
             process = self.process
             assert process is not None
-            failure = await asyncio.get_running_loop().run_in_executor(None, start.wait, process, cmd[0])
+            failure = await off_loop(start.wait, process, cmd[0])
         finally:
             start.close()
         if failure is None:
@@ -671,7 +671,7 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
 
     async def kill(self, restart: bool = False) -> None:
         try:
-            await asyncio.get_running_loop().run_in_executor(None, self.kill_tree_now)
+            await off_loop(self.kill_tree_now)
         except RuntimeError:  # "cannot schedule new futures after interpreter shutdown": an atexit hook
             self.kill_tree_now()
 

@@ -49,6 +49,7 @@ from ivralo_kernel.host.namespace import (
     NamespaceWorkerLostError,
     WorkerGone,
 )
+from ivralo_kernel.host.off_loop import off_loop
 from ivralo_kernel.host.outputs import CellOutput, effects_in, error_result, lost_names_message, with_effects
 from ivralo_kernel.host.pool import HostMemoryError, WorkerPool, WorkerPoolExhaustedError, available_memory
 from ivralo_kernel.host.test_runs import RUNNERS, run_report, runner_cell
@@ -202,7 +203,7 @@ class Session:
                 worker.last_used = time.monotonic()
             recorder = self._history_recorder()
             if recorder is not None and recorder.changed():  # its copies recorded before the caller looks
-                await asyncio.to_thread(recorder.record)
+                await off_loop(recorder.record)
             return with_effects(self._with_notes(result, worker), self._effects)
 
     async def _ensure_started(self) -> AnyWorker:
@@ -504,8 +505,8 @@ class Session:
         try:
             written = json.loads(await call.value(f"{DATAPLANE}.write({path!r}, {capacity})"))
             length = checked_size(call.operation, written, "size", capacity, "the segment the host reserved")
-            data = await asyncio.to_thread(exchange.read, length)
-            return await asyncio.to_thread(decode_segment, envelope, data, length)
+            data = await off_loop(exchange.read, length)
+            return await off_loop(decode_segment, envelope, data, length)
         except BaseException:
             exchange.discard()  # a late answer may still write: into a segment nobody reads again
             raise
@@ -577,7 +578,7 @@ class Session:
             exchange = self._exchange(call.worker)
             path, capacity = exchange.reserve(size)
             try:
-                length = await asyncio.to_thread(exchange.write_table, table)
+                length = await off_loop(exchange.write_table, table)
                 await call.value(f"{DATAPLANE}.receive({name!r}, {path!r}, {capacity}, {length}, {kind!r})")
             except BaseException:
                 exchange.discard()
@@ -596,7 +597,7 @@ class Session:
             self._record_history()
             return [entry_dict(store, e) for e in store.listing(path, base=store.workspace)]
 
-        return await asyncio.to_thread(listed)
+        return await off_loop(listed)
 
     async def restore(self, target: str, *, at: str | None = None, force: bool = False) -> dict[str, Any]:
         """Put a kept copy back, byte for byte: ``target`` is its ID, or with ``at`` (a time) a file's
@@ -618,7 +619,7 @@ class Session:
                 entry = store.find(target)
             return store.restore(entry, force=force, force_flag="force=True").as_dict()
 
-        return await asyncio.to_thread(restored)
+        return await off_loop(restored)
 
     def _history_recorder(self) -> HistoryRecorder | None:
         """The host's recorder of the worker's history (its provisioner's), if it has one here."""
