@@ -13,7 +13,7 @@ so code that catches ``ValueError`` or ``RuntimeError`` keeps working::
 
 from __future__ import annotations
 
-from ivralo_kernel.protocol import audience
+import ivralo_kernel.protocol.audience as audience  # the module, not this package (which imports this one)
 
 
 class IvraloError(Exception):
