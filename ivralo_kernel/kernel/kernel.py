@@ -32,12 +32,13 @@ import ivralo_kernel.kernel.surface_magics as surface_magics
 from ivralo_kernel import __version__, compat
 from ivralo_kernel.guards.network import hosts_tried_line
 from ivralo_kernel.kernel.broker_client import BROKER, HOST_CONNECT_TIMEOUT_S
-from ivralo_kernel.kernel.cell_checks import SecurityError, install_cell_checks, make_hermetic
+from ivralo_kernel.kernel.cell_checks import install_cell_checks, make_hermetic
 from ivralo_kernel.kernel.deadline import DeadlineNotices, InKernelWatchdog, SupervisorBackstop, interrupt_cell
 from ivralo_kernel.kernel.effects import EffectsRecorder
 from ivralo_kernel.kernel.launch_state import STATE
 from ivralo_kernel.kernel.pip_magic import guarded_pip
 from ivralo_kernel.protocol import names
+from ivralo_kernel.protocol.errors import SecurityError
 from ivralo_kernel.protocol.messages import BrokerRequest, CallRecord, Effects
 
 # Which Python this is and why the host chose it (read before any cell could change the variable).
