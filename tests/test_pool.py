@@ -54,7 +54,8 @@ async def test_idle_workers_are_swept_and_the_next_call_gets_a_fresh_one(workspa
 
 
 async def test_host_memory_reserve_evicts_spares_then_refuses(workspace: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    async with WorkerPool(workspace, config=WorkerConfig(prewarm_pool_size=1, host_memory_reserve_bytes=1 << 30)) as pool:
+    config = WorkerConfig(prewarm_pool_size=1, host_memory_reserve_bytes=1 << 30)
+    async with WorkerPool(workspace, config=config) as pool:
         await pool.wait_prewarmed()
         spare_pid = pool.spares[0].pid
         # The host's available memory is what this policy reacts to: report a short host.
