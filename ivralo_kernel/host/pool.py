@@ -62,9 +62,15 @@ def available_memory() -> int:
 
 
 class WorkerPool:
+    """Workers (guarded kernels) for sessions to share: ready spares kept warm (``prewarm_pool_size``),
+    at most ``max_workers`` at once, idle ones ended after ``idle_ttl_seconds``. ``async with
+    WorkerPool(workspace, config=...) as pool``, then ``Session(pool=pool)``. Parameters after
+    ``workspace`` by keyword: ``config``, ``role``, ``python`` (as ``Session``'s)."""
+
     def __init__(
         self,
         workspace: str | os.PathLike[str] = ".",
+        *,
         config: WorkerConfig | None = None,
         role: str | None = None,
         python: str | None = None,
