@@ -76,6 +76,22 @@ def _run(args: argparse.Namespace) -> int:
     return run_file(args.file, workspace=args.workspace, settings=settings, progress=args.progress)
 
 
+def _mcp(args: argparse.Namespace) -> int:
+    from ivralo_kernel.cli.mcp import serve_mcp
+
+    return serve_mcp(
+        workspace=args.workspace,
+        transport=args.transport,
+        host=args.host,
+        port=args.port,
+        settings=args.settings,
+        given={"deadline_ms": args.deadline_ms},
+        grants=args.grant or (),
+        role=args.role,
+        project=args.project,
+    )
+
+
 def _chosen(settings: tuple[str, ...], flags: dict[str, Any]) -> dict[str, Any]:
     """The values this command line sets (``--IvraloSettings.NAME=`` and the command's flags), checked
     together; the rest come from the config files, which the provisioner reads itself."""
@@ -118,7 +134,7 @@ def _trust(args: argparse.Namespace) -> int:
     return 0
 
 
-WITH_SETTINGS = ("install", "config", "doctor", "run")
+WITH_SETTINGS = ("install", "config", "doctor", "run", "mcp")
 SETTINGS_EPILOG = (
     "Any setting can also be given as --IvraloSettings.NAME=VALUE (every kernel), --IvraloProvisioner.NAME=VALUE "
     "(kernels Jupyter's hosts start) or --IvraloAgent.NAME=VALUE (the agent API's); None means unset. "
@@ -227,6 +243,29 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.epilog = SETTINGS_EPILOG
     p.set_defaults(func=_run)
+
+    p = commands.add_parser(
+        "mcp",
+        help="serve a guarded Python session to MCP clients (Claude, Cursor, VS Code): run_python and the namespace",
+        description="An MCP server whose tools run Python in a guarded, persistent kernel, one per client session. "
+        "stdio by default (the client starts this command); --transport http serves streamable HTTP at /mcp.",
+    )
+    p.add_argument("--workspace", help="folder the kernel runs in and may write (default: --project, else here)")
+    p.add_argument("--transport", choices=("stdio", "http"), default="stdio", help="default: %(default)s")
+    p.add_argument("--host", default="127.0.0.1", help="HTTP: the address to bind (default: %(default)s, this machine)")
+    p.add_argument("--port", type=int, default=8765, help="HTTP: the port (default: %(default)s)")
+    p.add_argument(
+        "--deadline-ms",
+        type=int,
+        metavar="MS",
+        help="per-call deadline: interrupted at MS (the namespace kept), the kernel ended after the grace "
+        "(default: the agent API's, 60000)",
+    )
+    p.add_argument("--grant", action="append", metavar="NAME", help='a broker grant, e.g. "databases"; repeatable')
+    p.add_argument("--role", choices=("readonly",), help="readonly: every write refused, nothing restored")
+    p.add_argument("--project", metavar="PATH", help="run the kernel in this project's interpreter (its .venv, ...)")
+    p.epilog = SETTINGS_EPILOG
+    p.set_defaults(func=_mcp)
 
     history.add_parser(commands)
     return parser

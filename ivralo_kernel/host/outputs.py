@@ -25,6 +25,7 @@ class CellOutput:
     parts: list[str] = field(default_factory=list)
     error: str | None = None
     streams: dict[str, str] = field(default_factory=dict)  # "stdout"/"stderr" -> its text alone
+    images: list[str] = field(default_factory=list)  # PNG display data, base64 as Jupyter sends it (MCP's images)
 
     @classmethod
     def from_notebook(cls, outputs: list[dict[str, Any]]) -> CellOutput:
@@ -52,6 +53,9 @@ class CellOutput:
             name = str(content.get("name", "stdout"))
             self.streams[name] = self.streams.get(name, "") + text
         elif kind in ("execute_result", "display_data"):
+            png = content.get("data", {}).get("image/png")
+            if isinstance(png, str):
+                self.images.append(png)
             text = content.get("data", {}).get("text/plain")
             if text is not None:
                 self.parts.append(text if text.endswith("\n") else text + "\n")
@@ -60,6 +64,7 @@ class CellOutput:
             self.error = strip_ansi("\n".join(lines))
         elif kind == "clear_output":
             self.parts.clear()
+            self.images.clear()
 
     @property
     def text(self) -> str:
@@ -76,12 +81,15 @@ class RunText(str):
     (``effects``: the kernel's ``ivralo.effects``, or None when the kernel could not say)."""
 
     effects: Effects | None = None
+    images: tuple[str, ...] = ()  # the cell's PNG display data (base64), for hosts that show images
 
 
 class RunError(dict[str, str]):
-    """A run's error dict (``status``, ``result``, ``error``), with ``effects`` as ``RunText`` has it."""
+    """A run's error dict (``status``, ``result``, ``error``), with ``effects`` and ``images`` as
+    ``RunText`` has them."""
 
     effects: Effects | None = None
+    images: tuple[str, ...] = ()
 
 
 def effects_in(metadata: dict[str, Any] | None) -> Effects | None:
@@ -90,9 +98,12 @@ def effects_in(metadata: dict[str, Any] | None) -> Effects | None:
     return cast(Effects, effects) if isinstance(effects, dict) else None
 
 
-def with_effects(result: str | dict[str, str], effects: Effects | None) -> RunText | RunError:
+def with_effects(
+    result: str | dict[str, str], effects: Effects | None, images: tuple[str, ...] = ()
+) -> RunText | RunError:
     shown: RunText | RunError = RunText(result) if isinstance(result, str) else RunError(result)
     shown.effects = effects
+    shown.images = images
     return shown
 
 

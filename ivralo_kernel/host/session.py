@@ -168,6 +168,7 @@ class Session:
         self._restart_note: str | None = None
         self._asked_s = 0.0  # time spent waiting for answers to ``ask`` during the running call
         self._effects: Effects | None = None  # what the last run's execution did (the kernel's word)
+        self._images: tuple[str, ...] = ()  # the last run's PNG display data
         self._asking_since: float | None = None
 
     async def __aenter__(self) -> Session:
@@ -221,6 +222,7 @@ class Session:
                 return error_result("", str(exc))
             worker.busy = True
             self._effects = None
+            self._images = ()
             try:
                 result = await self._execute(worker, code)
             finally:
@@ -229,7 +231,7 @@ class Session:
             recorder = self._history_recorder()
             if recorder is not None and recorder.changed():  # its copies recorded before the caller looks
                 await off_loop(recorder.record)
-            return with_effects(self._with_notes(result, worker), self._effects)
+            return with_effects(self._with_notes(result, worker), self._effects, self._images)
 
     async def _ensure_started(self) -> AnyWorker:
         worker = self._worker
@@ -325,6 +327,7 @@ class Session:
             if watchdog.phase_of(msg_id) is Phase.KILLED or not await worker.is_alive():
                 return await self._lose_worker(self._death_cause(worker))
         content = reply["content"] if reply else {}
+        self._images = tuple(out.images)
         self._effects = effects_in((reply or {}).get("metadata"))  # the kernel's own report
         if content.get("status") == "ok":
             self._known_names = _names_from(content.get("user_expressions", {}).get("names"))
