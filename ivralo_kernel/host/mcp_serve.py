@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 import sys
 from collections.abc import Callable, Iterator
@@ -28,14 +29,20 @@ async def _closed(clients: ClientSessions) -> None:
 async def serve_stdio(make_session: Callable[[QuestionDesk], Session]) -> None:
     server, clients = build_server(make_session, "stdio")
     loop = asyncio.get_running_loop()
-    main = asyncio.current_task()
-    assert main is not None
+    stopping: list[asyncio.Task[None]] = []
+
+    async def stop() -> None:
+        await _closed(clients)
+        # Not a cancellation of the serving task: the SDK's stdin reader is a thread blocked in
+        # read(), which nothing wakes, and the serving task group (and the interpreter's exit)
+        # would wait for it forever. Every kernel tree has ended by now.
+        sys.stderr.flush()
+        os._exit(0)
+
     for sig in STOP_SIGNALS:
-        loop.add_signal_handler(sig, main.cancel)
+        loop.add_signal_handler(sig, lambda: stopping.append(asyncio.ensure_future(stop())))
     try:
         await server.run_stdio_async()  # returns at stdin's end: the client is gone
-    except asyncio.CancelledError:
-        pass
     finally:
         await _closed(clients)
 

@@ -14,7 +14,6 @@ client's next call carries the answer to the cell that waits for it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import secrets
@@ -217,10 +216,17 @@ async def _follow(ctx: Context, client: ClientSession, task: asyncio.Task[Any]) 
     except asyncio.CancelledError:
         # The client cancelled the call (or went away): the cell must not run on unseen.
         with anyio.CancelScope(shield=True):
-            await client.session.interrupt()
-            with contextlib.suppress(TimeoutError, asyncio.CancelledError):
-                await asyncio.wait_for(asyncio.shield(task), CANCEL_GRACE_S)
+            await _stopped(client.session, task)
         raise
+
+
+async def _stopped(session: Session, task: asyncio.Task[Any]) -> None:
+    """Interrupt until the call has ended: cancelled while its kernel was still starting, the first
+    interrupt finds none to end, so it is asked again once the kernel is there."""
+    deadline = time.monotonic() + CANCEL_GRACE_S
+    while not task.done() and time.monotonic() < deadline:
+        await session.interrupt()
+        await asyncio.wait({task}, timeout=0.2)
 
 
 def _content_of(answered: Any) -> dict[str, Any] | None:

@@ -1,0 +1,411 @@
+"""``ivralo-kernel mcp``, driven by the MCP SDK's own ``Client``: over stdio in both protocol modes
+(the legacy handshake and the 2026 stateless one) and over streamable HTTP on 127.0.0.1.
+
+Judged from outside the server and its kernels: a loopback HTTP server's hit count for the egress
+answers, files on disk, ``/proc/<pid>/environ`` for credentials, and the process table (each
+kernel's tree by pid) for "nothing outlives the server". Every case starts in a fresh folder with
+nothing pre-allowed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from conftest import gone, kill_tree, wait_until
+from sandbox_cases import counting_http
+
+pytest.importorskip("mcp")
+
+from mcp import Client, StdioServerParameters
+from mcp.types import ElicitResult
+
+from ivralo_kernel.protocol import names
+
+MODES = ("legacy", "auto")
+SECRET = "sk-ivralo-mcp-test-0123456789"
+PLOT = "import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\nplt.show()"
+CURL = (
+    "import subprocess\n"
+    "print(subprocess.run(['sh', '-c', 'curl -sS http://127.0.0.1:{port}/sh'], capture_output=True, text=True))"
+)
+ENVIRONMENT = (
+    "import os, subprocess\nprint(dict(os.environ))\n"
+    "print(subprocess.run(['sh', '-c', 'env'], capture_output=True, text=True).stdout)"
+)
+FETCH = "import urllib.request\nprint(urllib.request.urlopen('http://127.0.0.1:{port}/{path}', timeout=20).read())"
+
+
+def server_command(workspace: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "ivralo_kernel", "mcp", "--workspace", str(workspace), *extra]
+
+
+def server_env() -> dict[str, str]:
+    # The person's environment holds a credential: the kernel must never see it.
+    return {**os.environ, "IVRALO_TEST_API_KEY": SECRET}
+
+
+def servers_of(workspace: Path) -> list[psutil.Process]:
+    found = []
+    for child in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            cmdline = child.cmdline()
+            if "mcp" in cmdline and str(workspace) in cmdline and "ivralo_kernel" in cmdline:
+                found.append(child)
+    return found
+
+
+def tree_pids(root: psutil.Process) -> list[int]:
+    """Every process under the server (the kernels' supervisors, bwrap, kernels), by pid."""
+    with contextlib.suppress(psutil.Error):
+        return [p.pid for p in root.children(recursive=True)]
+    return []
+
+
+def kernels_under(root: psutil.Process) -> list[int]:
+    pids = []
+    for p in root.children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if "ivralo_kernel.kernel" in p.cmdline():
+                pids.append(p.pid)
+    return pids
+
+
+class Person:
+    """The person at the client: answers each egress form with ``answer``, and remembers it."""
+
+    def __init__(self, answer: str) -> None:
+        self.answer = answer
+        self.asked: list[dict[str, Any]] = []
+
+    async def __call__(self, ctx: Any, params: Any) -> ElicitResult:
+        self.asked.append({"message": params.message, "schema": params.requested_schema})
+        return ElicitResult(action="accept", content={"answer": self.answer})
+
+
+@contextlib.asynccontextmanager
+async def stdio_client(
+    workspace: Path, mode: str, *extra: str, person: Person | None = None
+) -> AsyncIterator[tuple[Client, list[int]]]:
+    """A Client over stdio; yields it and a list the test fills with the tree's pids, which are all
+    checked gone once the client has left (stdin's end)."""
+    command = server_command(workspace, *extra)
+    params = StdioServerParameters(command=command[0], args=command[1:], env=server_env(), cwd=str(workspace))
+    seen: list[int] = []
+    async with Client(params, mode=mode, elicitation_callback=person, read_timeout_seconds=90) as client:  # type: ignore[arg-type]
+        yield client, seen
+        for server in servers_of(workspace):
+            seen += tree_pids(server)
+    wait_until(lambda: all(gone(pid) for pid in seen), 30, f"the kernel trees {seen} to end with the server")
+
+
+def text_of(result: Any) -> str:
+    return "".join(getattr(block, "text", "") for block in result.content)
+
+
+def the_server(workspace: Path) -> psutil.Process:
+    found = servers_of(workspace)
+    assert len(found) == 1, found
+    return found[0]
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("mode", MODES)
+async def test_persistence_an_error_a_plot_and_no_process_left(workspace: Path, mode: str) -> None:
+    async with stdio_client(workspace, mode) as (client, seen):
+        tools = {tool.name: tool for tool in (await client.list_tools()).tools}
+        assert set(tools) >= {"run_python", "interrupt", "restart", "get_var", "set_var", "list_vars"}
+        assert set(tools) >= {"snapshot", "history", "restore", "run_tests"}
+        assert all(tool.description and len(tool.description) > 40 for tool in tools.values())
+
+        first = await client.call_tool("run_python", {"code": "x = 41\nopen('made.txt', 'w').write('by the cell')"})
+        assert not first.is_error, text_of(first)
+        second = await client.call_tool("run_python", {"code": "x + 1"})
+        assert text_of(second) == "42\n" and second.structured_content is not None
+        assert second.structured_content["status"] == "ok" and second.structured_content["result"] == "42\n"
+        assert (workspace / "made.txt").read_text() == "by the cell"  # on disk, where the person looks
+
+        failed = await client.call_tool("run_python", {"code": "def f():\n    return 1 / 0\nf()"})
+        assert failed.is_error
+        assert "ZeroDivisionError" in text_of(failed) and "Traceback" in text_of(failed)
+        assert failed.structured_content is not None and failed.structured_content["status"] == "error"
+
+        plot = await client.call_tool("run_python", {"code": PLOT})
+        images = [block for block in plot.content if block.type == "image"]
+        assert len(images) == 1 and images[0].mime_type == "image/png", plot.content
+        assert base64.b64decode(images[0].data).startswith(b"\x89PNG\r\n\x1a\n")
+
+        assert (await client.call_tool("get_var", {"name": "x"})).structured_content == {"name": "x", "value": 41}
+        await client.call_tool("set_var", {"name": "y", "value": {"a": [1, 2]}})
+        got = await client.call_tool("run_python", {"code": "y['a'][1] + x"})
+        assert text_of(got) == "43\n"
+        listed = (await client.call_tool("list_vars", {})).structured_content
+        assert listed is not None and {"x", "y"} <= set(listed["names"])
+        missing = await client.call_tool("get_var", {"name": "nope"})
+        assert missing.is_error and "nope" in text_of(missing)
+        assert kernels_under(the_server(workspace)), "a kernel runs under the server"
+    assert seen, "the server had a kernel tree to end"
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("answer", ["yes", "no", None])
+async def test_the_person_answers_through_elicitation(workspace: Path, mode: str, answer: str | None) -> None:
+    """A yes lets one request through; a no, or a client without elicitation, lets none. The form
+    has one property, ``answer``; a fresh folder offers no "always"; no grant is written."""
+    person = Person(answer) if answer else None
+    with counting_http() as (port, hits):
+        async with stdio_client(workspace, mode, person=person) as (client, _):
+            result = await client.call_tool("run_python", {"code": FETCH.format(port=port, path="asked")})
+            await client.call_tool("run_python", {"code": CURL.format(port=port)})
+    if answer == "yes":
+        assert not result.is_error, text_of(result)
+        assert "hello from the host" in text_of(result)
+        assert hits[0] == "/asked"
+    else:
+        assert result.is_error and "403" in text_of(result), text_of(result)
+        assert hits == [], "a no (or nobody to ask) lets nothing through"
+    if person is not None:
+        assert person.asked, "the person was asked"
+        schema = person.asked[0]["schema"]
+        assert list(schema["properties"]) == ["answer"]
+        assert schema["properties"]["answer"]["enum"] == ["yes", "no"]  # a fresh folder: no "always"
+        assert f"port {port}" in person.asked[0]["message"]
+    assert not (workspace / ".ivralo" / "permissions.json").exists()
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("mode", MODES)
+async def test_both_deadline_outcomes_with_progress(workspace: Path, mode: str) -> None:
+    progress: list[float] = []
+
+    async def on_progress(value: float, total: float | None, message: str | None) -> None:
+        progress.append(value)
+
+    async with stdio_client(workspace, mode, "--deadline-ms", "2500") as (client, _):
+        await client.call_tool("run_python", {"code": "kept = 7"})
+        started = time.monotonic()
+        slow = await client.call_tool(
+            "run_python", {"code": "import time\ntime.sleep(60)"}, progress_callback=on_progress
+        )
+        assert time.monotonic() - started < 30
+        assert slow.is_error and slow.structured_content is not None
+        assert slow.structured_content["error"] == names.INTERRUPTED_TEXT.format(deadline_ms=2500)
+        assert progress, "progress notifications came while the cell ran"
+        assert text_of(await client.call_tool("run_python", {"code": "kept"})) == "7\n"  # the namespace kept
+
+        kernel = kernels_under(the_server(workspace))
+        stubborn = "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True:\n    pass"
+        killed = await client.call_tool("run_python", {"code": stubborn})
+        assert killed.is_error and killed.structured_content is not None
+        error = killed.structured_content["error"]
+        assert error.startswith("REPL worker terminated (timeout") and "were lost: kept, time." in error, error
+        wait_until(lambda: all(gone(pid) for pid in kernel), 15, "the killed kernel to be gone")
+        again = await client.call_tool("run_python", {"code": "'kept' in globals()"})
+        assert text_of(again) == "False\n"  # a fresh kernel
+
+
+async def _first_progress(client: Client, code: str) -> tuple[asyncio.Task[Any], asyncio.Event]:
+    started = asyncio.Event()
+
+    async def on_progress(value: float, total: float | None, message: str | None) -> None:
+        started.set()
+
+    call = asyncio.ensure_future(client.call_tool("run_python", {"code": code}, progress_callback=on_progress))
+    await asyncio.wait_for(started.wait(), 60)  # the cell is running: the server said so
+    return call, started
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("mode", MODES)
+async def test_an_interrupt_during_a_call_and_a_cancelled_call(workspace: Path, mode: str) -> None:
+    async with stdio_client(workspace, mode) as (client, _):
+        await client.call_tool("run_python", {"code": "z = 1"})
+        kernel = kernels_under(the_server(workspace))
+        call, _ = await _first_progress(client, "import time\ntime.sleep(120)")
+        stopped = await client.call_tool("interrupt", {})
+        assert stopped.structured_content is not None and stopped.structured_content["interrupted"] is True
+        assert "were lost: z." in stopped.structured_content["message"]
+        result = await asyncio.wait_for(call, 30)
+        assert result.is_error and "interrupted: stopped at once by the user" in text_of(result)
+        wait_until(lambda: all(gone(pid) for pid in kernel), 15, "the interrupted kernel to be gone")
+
+        # The client's cancellation interrupts the call too: the kernel's tree ends.
+        call, _ = await _first_progress(client, "import time\ntime.sleep(120)")
+        kernel = kernels_under(the_server(workspace))
+        assert kernel
+        call.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await call
+        wait_until(lambda: all(gone(pid) for pid in kernel), 30, "the cancelled call's kernel to be gone")
+        after = await client.call_tool("run_python", {"code": "1 + 1"})
+        assert text_of(after) == "2\n"
+
+
+@pytest.mark.timeout(180)
+async def test_no_host_credential_reaches_the_kernel(workspace: Path) -> None:
+    async with stdio_client(workspace, "legacy") as (client, _):
+        shown = await client.call_tool("run_python", {"code": ENVIRONMENT})
+        assert SECRET not in text_of(shown)
+        server = the_server(workspace)
+        assert SECRET.encode() in Path(f"/proc/{server.pid}/environ").read_bytes()  # the host has it
+        for pid in tree_pids(server):  # no process of the kernel's tree does (read from outside)
+            with contextlib.suppress(FileNotFoundError, ProcessLookupError, PermissionError):
+                assert SECRET.encode() not in Path(f"/proc/{pid}/environ").read_bytes(), pid
+        assert SECRET not in json.dumps(shown.structured_content)
+
+
+# ---- the process table: stdin's end and SIGTERM, by hand over stdio ----------------------------
+
+
+def _send(proc: subprocess.Popen[bytes], message: dict[str, Any]) -> None:
+    assert proc.stdin is not None
+    proc.stdin.write(json.dumps(message).encode() + b"\n")
+    proc.stdin.flush()
+
+
+def _read_until(proc: subprocess.Popen[bytes], wanted: Any) -> dict[str, Any]:
+    assert proc.stdout is not None
+    while True:
+        line = proc.stdout.readline()
+        assert line, "the server closed its stdout"
+        message: dict[str, Any] = json.loads(line)
+        if wanted(message):
+            return message
+
+
+def _legacy_handshake(proc: subprocess.Popen[bytes]) -> None:
+    init = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}
+    _send(proc, {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": init})
+    _read_until(proc, lambda m: m.get("id") == 1)
+    _send(proc, {"jsonrpc": "2.0", "method": "notifications/initialized"})
+
+
+def _call(proc: subprocess.Popen[bytes], call_id: int, code: str) -> None:
+    params = {"name": "run_python", "arguments": {"code": code}, "_meta": {"progressToken": call_id}}
+    _send(proc, {"jsonrpc": "2.0", "id": call_id, "method": "tools/call", "params": params})
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("ending", ["stdin EOF", "SIGTERM"])
+async def test_nothing_outlives_the_server(workspace: Path, ending: str) -> None:
+    proc = subprocess.Popen(
+        server_command(workspace), stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=server_env(), cwd=workspace
+    )
+    try:
+        _legacy_handshake(proc)
+        _call(proc, 2, "x = 1")
+        reply = _read_until(proc, lambda m: m.get("id") == 2)
+        assert reply["result"]["isError"] is False
+        _call(proc, 3, "import time\ntime.sleep(120)")  # in flight when the server is told to end
+        _read_until(proc, lambda m: m.get("method") == "notifications/progress")
+        tree = tree_pids(psutil.Process(proc.pid))
+        assert kernels_under(psutil.Process(proc.pid))
+        if ending == "SIGTERM":
+            proc.send_signal(signal.SIGTERM)
+        else:
+            assert proc.stdin is not None
+            proc.stdin.close()
+        proc.wait(timeout=30)  # on its own: nobody else ends it here
+        wait_until(lambda: all(gone(pid) for pid in tree), 15, f"every process of {tree} to be gone")
+    finally:
+        kill_tree(proc.pid)
+        for pipe in (proc.stdin, proc.stdout):
+            if pipe is not None:
+                pipe.close()
+
+
+# ---- streamable HTTP on 127.0.0.1 -----------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def http_server(workspace: Path, *extra: str) -> Any:
+    port = _free_port()
+    proc = subprocess.Popen(
+        server_command(workspace, "--transport", "http", "--port", str(port), *extra),
+        stderr=subprocess.PIPE,
+        env=server_env(),
+        cwd=workspace,
+    )
+    drain: threading.Thread | None = None
+    try:
+        assert proc.stderr is not None
+        said = []
+        while f"http://127.0.0.1:{port}/mcp" not in "".join(said):  # the announcement: it listens now
+            line = proc.stderr.readline().decode()
+            assert line and len(said) < 50, said
+            said.append(line)
+        # The rest of its stderr is read on, so that the pipe never fills.
+        drain = threading.Thread(target=proc.stderr.read, daemon=True)
+        drain.start()
+        yield proc, f"http://127.0.0.1:{port}/mcp"
+    finally:
+        kill_tree(proc.pid)
+        if drain is not None:
+            drain.join(timeout=10)  # the pipe's end came with the process's
+        if proc.stderr is not None:
+            proc.stderr.close()
+
+
+@pytest.mark.timeout(240)
+async def test_over_http_a_client_leaving_ends_its_kernel_and_sigterm_ends_the_rest(workspace: Path) -> None:
+    with counting_http() as (port, hits), http_server(workspace) as (proc, url):
+        listening = [c.laddr for c in psutil.Process(proc.pid).net_connections() if c.status == psutil.CONN_LISTEN]
+        assert [addr.ip for addr in listening] == ["127.0.0.1"], listening  # this machine only, by default
+
+        async with Client(url, mode="legacy", elicitation_callback=Person("yes")) as client:
+            await client.call_tool("run_python", {"code": "x = 20"})
+            assert text_of(await client.call_tool("run_python", {"code": "x * 2"})) == "40\n"
+            fetched = await client.call_tool("run_python", {"code": FETCH.format(port=port, path="http")})
+            assert "hello from the host" in text_of(fetched) and hits == ["/http"]
+            first_tree = tree_pids(psutil.Process(proc.pid))
+            assert first_tree
+        # The client left (its session's DELETE): its kernel ends, the server stays.
+        wait_until(lambda: all(gone(pid) for pid in first_tree), 30, "the departed client's kernel to end")
+        assert proc.poll() is None
+
+        person = Person("no")
+        async with Client(url, mode="auto", elicitation_callback=person) as client:
+            refused = await client.call_tool("run_python", {"code": FETCH.format(port=port, path="refused")})
+            assert refused.is_error and "403" in text_of(refused) and person.asked
+            assert hits == ["/http"]
+            await client.call_tool("run_python", {"code": "y = 2"})
+            tree = tree_pids(psutil.Process(proc.pid))
+            assert kernels_under(psutil.Process(proc.pid))
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=30)
+        wait_until(lambda: all(gone(pid) for pid in tree), 15, f"every process of {tree} to be gone")
+
+
+@pytest.mark.timeout(60)
+def test_without_the_sdk_the_command_says_how_to_install_it(workspace: Path) -> None:
+    hide = "import sys; sys.modules['mcp'] = None; from ivralo_kernel.cli import main; sys.exit(main(sys.argv[1:]))"
+    done = subprocess.run(
+        [sys.executable, "-c", hide, "mcp", "--workspace", str(workspace)],
+        capture_output=True,
+        text=True,
+        timeout=50,
+    )
+    assert done.returncode == 2
+    assert "pip install 'ivralo-kernel[mcp]'" in done.stderr
+    assert done.stdout == ""  # stdout is the protocol's channel
