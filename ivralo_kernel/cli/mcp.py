@@ -6,6 +6,7 @@ stdout is the protocol's channel over stdio, so everything this command says goe
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -30,10 +31,12 @@ def serve_mcp(
     role: str | None,
     project: str | None,
 ) -> int:
-    try:
-        import mcp  # noqa: F401 - only to say how to get it when it is missing
-    except ImportError:
-        raise IvraloError(INSTALL_HINT) from None
+    try:  # only to say how to get the SDK when it is missing (this room imports no SDK itself)
+        missing = importlib.util.find_spec("mcp") is None
+    except (ImportError, ValueError):  # ValueError: a module set to None (what the test does)
+        missing = True
+    if missing:
+        raise IvraloError(INSTALL_HINT)
     from ivralo_kernel.host import Session, WorkerConfig
     from ivralo_kernel.host.mcp_questions import QuestionDesk
     from ivralo_kernel.host.mcp_serve import serve_http, serve_stdio
