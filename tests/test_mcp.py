@@ -196,7 +196,9 @@ async def test_both_deadline_outcomes_with_progress(workspace: Path, mode: str) 
     async def on_progress(value: float, total: float | None, message: str | None) -> None:
         progress.append(value)
 
-    async with stdio_client(workspace, mode, "--deadline-ms", "2500") as (client, _):
+    # The settings model applies as for `run`: the flag, or the same setting as --IvraloAgent.NAME=.
+    deadline = ("--deadline-ms", "2500") if mode == "legacy" else ("--IvraloAgent.deadline_ms=2500",)
+    async with stdio_client(workspace, mode, *deadline) as (client, _):
         await client.call_tool("run_python", {"code": "kept = 7"})
         started = time.monotonic()
         slow = await client.call_tool(
@@ -409,3 +411,16 @@ def test_without_the_sdk_the_command_says_how_to_install_it(workspace: Path) -> 
     assert done.returncode == 2
     assert "pip install 'ivralo-kernel[mcp]'" in done.stderr
     assert done.stdout == ""  # stdout is the protocol's channel
+
+
+@pytest.mark.timeout(60)
+def test_a_setting_that_does_not_exist_is_refused_before_any_client(workspace: Path) -> None:
+    done = subprocess.run(
+        [*server_command(workspace), "--IvraloAgent.deadline_msec=5"],
+        capture_output=True,
+        text=True,
+        timeout=50,
+        stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 2 and done.stdout == ""
+    assert "deadline_msec" in done.stderr and "Did you mean deadline_ms" in done.stderr, done.stderr
