@@ -1,0 +1,105 @@
+"""What the MCP server adds to a call: ``run_python("1+1")`` through ``ivralo-kernel mcp`` over stdio
+(the SDK's own ``Client``, each protocol mode) against ``Session.run("1+1")`` in this process, in the
+same run, pair by pair (the order alternating). The goal (issue 28): within 2 ms.
+
+Run: ``.venv/bin/python bench/mcp_overhead.py [--calls N]``, or through the harness
+(``bench/harness.py --only mcp_overhead``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ivralo_kernel.host import Session
+
+if TYPE_CHECKING:
+    from harness_api import Context, Metric
+
+WARM_UP = 5  # calls each side before timing: the kernel's first cells and the imports they pull in
+MODES = ("legacy", "auto")
+
+
+async def paired(workspace: Path, mode: str, calls: int) -> tuple[list[float], list[float]]:
+    from mcp import Client, StdioServerParameters
+
+    command = [sys.executable, "-m", "ivralo_kernel", "mcp", "--workspace", str(workspace / "mcp")]
+    (workspace / "mcp").mkdir(exist_ok=True)
+    (workspace / "session").mkdir(exist_ok=True)
+    params = StdioServerParameters(command=command[0], args=command[1:], env=dict(os.environ))
+    over_mcp: list[float] = []
+    direct: list[float] = []
+    async with Client(params, mode=mode) as client, Session(workspace / "session") as session:
+
+        async def through_mcp() -> float:
+            start = time.perf_counter()
+            result = await client.call_tool("run_python", {"code": "1+1"})
+            took = (time.perf_counter() - start) * 1000
+            assert not result.is_error and result.structured_content is not None
+            assert result.structured_content["result"] == "2\n", result
+            return took
+
+        async def in_process() -> float:
+            start = time.perf_counter()
+            result = await session.run("1+1")
+            took = (time.perf_counter() - start) * 1000
+            assert result == "2\n", result
+            return took
+
+        for _ in range(WARM_UP):
+            await through_mcp()
+            await in_process()
+        for i in range(calls):
+            if i % 2 == 0:
+                over_mcp.append(await through_mcp())
+                direct.append(await in_process())
+            else:
+                direct.append(await in_process())
+                over_mcp.append(await through_mcp())
+    return over_mcp, direct
+
+
+def harness(ctx: Context) -> list[Metric]:
+    from harness_api import LATENCY, Metric
+
+    calls = ctx.pick(smoke=20, full=200)
+    metrics = []
+    for mode in MODES:
+        folder = ctx.root / f"ws-{mode}"
+        folder.mkdir()
+        over_mcp, direct = asyncio.run(paired(folder, mode, calls))
+        metrics.append(
+            Metric(
+                "MCP server",
+                f"run_python('1+1') over stdio, {mode} mode",
+                "ms",
+                over_mcp,
+                direct,
+                baseline_label="Session.run('1+1') in the same run",
+                plot=LATENCY,
+            )
+        )
+    return metrics
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--calls", type=int, default=100)
+    args = parser.parse_args()
+    print(f"{'mode':<8} {'run_python median ms':>21} {'Session.run median ms':>22} {'paired diff median':>19}")
+    for mode in MODES:
+        with tempfile.TemporaryDirectory() as folder:
+            over_mcp, direct = await paired(Path(folder), mode, args.calls)
+        diff = statistics.median(a - b for a, b in zip(over_mcp, direct, strict=True))
+        print(f"{mode:<8} {statistics.median(over_mcp):>21.2f} {statistics.median(direct):>22.2f} {diff:>19.2f}")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
