@@ -424,3 +424,29 @@ def test_a_setting_that_does_not_exist_is_refused_before_any_client(workspace: P
     )
     assert done.returncode == 2 and done.stdout == ""
     assert "deadline_msec" in done.stderr and "Did you mean deadline_ms" in done.stderr, done.stderr
+
+
+@pytest.mark.timeout(240)
+async def test_history_restore_run_tests_and_restart(workspace: Path) -> None:
+    (workspace / "notes.txt").write_text("the person's")
+    (workspace / "test_small.py").write_text("def test_one():\n    assert 1 + 1 == 2\n")
+    async with stdio_client(workspace, "legacy") as (client, _):
+        changed = await client.call_tool("run_python", {"code": "open('notes.txt', 'w').write(\"the cell's\")"})
+        assert not changed.is_error and (workspace / "notes.txt").read_text() == "the cell's"
+        listed = (await client.call_tool("history", {"path": "notes.txt"})).structured_content
+        assert listed is not None and listed["entries"] and listed["entries"][0]["path"] == "notes.txt"
+        restored = await client.call_tool("restore", {"id": listed["entries"][0]["id"]})
+        assert not restored.is_error, text_of(restored)
+        assert (workspace / "notes.txt").read_text() == "the person's"  # on disk
+        bad = await client.call_tool("restore", {"id": "no-such-copy"})
+        assert bad.is_error and "no-such-copy" in text_of(bad)
+
+        report = (await client.call_tool("run_tests", {"path": "test_small.py"})).structured_content
+        assert report is not None and report["passed"] == 1 and report["failed"] == 0, report
+
+        await client.call_tool("run_python", {"code": "w = 3"})
+        kernel = kernels_under(the_server(workspace))
+        restarted = (await client.call_tool("restart", {})).structured_content
+        assert restarted is not None and "were lost: w." in restarted["message"]
+        wait_until(lambda: all(gone(pid) for pid in kernel), 15, "the restarted kernel's tree to be gone")
+        assert text_of(await client.call_tool("run_python", {"code": "'w' in globals()"})) == "False\n"
