@@ -363,6 +363,7 @@ def http_server(workspace: Path, *extra: str) -> Any:
         yield proc, f"http://127.0.0.1:{port}/mcp"
     finally:
         kill_tree(proc.pid)
+        proc.wait(timeout=10)
         if drain is not None:
             drain.join(timeout=10)  # the pipe's end came with the process's
         if proc.stderr is not None:
@@ -450,3 +451,45 @@ async def test_history_restore_run_tests_and_restart(workspace: Path) -> None:
         assert restarted is not None and "were lost: w." in restarted["message"]
         wait_until(lambda: all(gone(pid) for pid in kernel), 15, "the restarted kernel's tree to be gone")
         assert text_of(await client.call_tool("run_python", {"code": "'w' in globals()"})) == "False\n"
+
+
+CLIENT_THAT_DIES = """
+import asyncio, sys
+from mcp import Client
+
+async def main():
+    started = asyncio.Event()
+
+    async def on_progress(*_):
+        started.set()
+
+    async with Client(sys.argv[1], mode=sys.argv[2]) as client:
+        call = asyncio.ensure_future(
+            client.call_tool("run_python", {"code": "import time\\ntime.sleep(120)"}, progress_callback=on_progress)
+        )
+        await started.wait()
+        print("running", flush=True)
+        await call
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("mode", MODES)
+async def test_an_http_client_killed_during_a_call_leaves_no_kernel(workspace: Path, mode: str) -> None:
+    with http_server(workspace) as (proc, url):
+        client = subprocess.Popen([sys.executable, "-c", CLIENT_THAT_DIES, url, mode], stdout=subprocess.PIPE)
+        try:
+            assert client.stdout is not None
+            assert client.stdout.readline() == b"running\n"
+            tree = tree_pids(psutil.Process(proc.pid))
+            assert kernels_under(psutil.Process(proc.pid))
+            client.kill()  # no DELETE, no cancel: its connection just drops
+            client.wait(timeout=10)
+            wait_until(lambda: all(gone(pid) for pid in tree), 60, f"the dead client's kernel tree {tree} to end")
+            assert proc.poll() is None
+        finally:
+            kill_tree(client.pid)
+            if client.stdout is not None:
+                client.stdout.close()

@@ -212,12 +212,29 @@ async def _follow(ctx: Context, client: ClientSession, task: asyncio.Task[Any]) 
                 answered = await ctx.elicit(question.question, question.schema())
                 question.take(ElicitResult(action=answered.action, content=_content_of(answered)))
                 continue
+            if await _client_left(ctx):  # the legacy HTTP transport does not cancel a call whose client left
+                with anyio.CancelScope(shield=True):
+                    await _stopped(client.session, task)
+                return tool_result(task.result()) if task.done() else tool_result({"status": "error", "error": ""})
             await ctx.report_progress(time.monotonic() - started, None, f"running, {time.monotonic() - started:.0f} s")
     except asyncio.CancelledError:
         # The client cancelled the call (or went away): the cell must not run on unseen.
         with anyio.CancelScope(shield=True):
             await _stopped(client.session, task)
         raise
+
+
+async def _client_left(ctx: Context) -> bool:
+    """Over HTTP: has the client's connection for this call closed? (Starlette's own check, which
+    takes only a message already waiting.) False on stdio, which has no such request."""
+    request = getattr(ctx.request_context, "request", None)
+    is_disconnected = getattr(request, "is_disconnected", None)
+    if is_disconnected is None:
+        return False
+    try:
+        return bool(await is_disconnected())
+    except Exception:  # noqa: BLE001 - a transport without the check: the SDK's own cancellation remains
+        return False
 
 
 async def _stopped(session: Session, task: asyncio.Task[Any]) -> None:
