@@ -493,3 +493,14 @@ async def test_an_http_client_killed_during_a_call_leaves_no_kernel(workspace: P
             kill_tree(client.pid)
             if client.stdout is not None:
                 client.stdout.close()
+
+
+@pytest.mark.timeout(180)
+async def test_the_readonly_role_refuses_every_write(workspace: Path) -> None:
+    async with stdio_client(workspace, "legacy", "--role", "readonly") as (client, _):
+        wrote = await client.call_tool("run_python", {"code": "open('made.txt', 'w').write('x')"})
+        shell = await client.call_tool(
+            "run_python", {"code": "import subprocess\nsubprocess.run(['sh', '-c', 'echo x > by_sh.txt'])"}
+        )
+    assert wrote.is_error, text_of(wrote)
+    assert not (workspace / "made.txt").exists() and not (workspace / "by_sh.txt").exists(), text_of(shell)
