@@ -67,7 +67,10 @@ class QuestionDesk:
     """Where a session's ``ask`` leaves a cell's question for the tool call that waits on the cell."""
 
     def __init__(self) -> None:
-        self._waiting: asyncio.Queue[PendingQuestion] = asyncio.Queue()
+        self._waiting: list[PendingQuestion] = []
+        # Resolved when a question arrives: a plain future, so that waiting on it costs a call
+        # nothing (no task) when no question comes, which is nearly always.
+        self._arrival: asyncio.Future[None] | None = None
         # Set by each run_python call: does this client take a form? None of it: the answer is no,
         # as a Session without ``ask`` gives.
         self.client_elicits = False
@@ -77,17 +80,27 @@ class QuestionDesk:
         if not self.client_elicits:
             return "no"
         pending = PendingQuestion(question, tuple(choices))
-        await self._waiting.put(pending)
+        self._waiting.append(pending)
+        if self._arrival is not None and not self._arrival.done():
+            self._arrival.set_result(None)
         try:
             return await asyncio.wait_for(asyncio.shield(pending.answer), ANSWER_WAIT_S)
         except TimeoutError:
             pending.refuse()
             return "no"
 
-    async def next(self) -> PendingQuestion:
-        return await self._waiting.get()
+    def arrival(self) -> asyncio.Future[None]:
+        """A future resolved once a question waits (at once if one does)."""
+        if self._arrival is None or self._arrival.done():
+            self._arrival = asyncio.get_running_loop().create_future()
+            if self._waiting:
+                self._arrival.set_result(None)
+        return self._arrival
+
+    def take(self) -> PendingQuestion | None:
+        return self._waiting.pop(0) if self._waiting else None
 
     def refuse_all(self) -> None:
         """Nobody will answer the questions still on the desk (the server is closing)."""
-        while not self._waiting.empty():
-            self._waiting.get_nowait().refuse()
+        while self._waiting:
+            self._waiting.pop(0).refuse()

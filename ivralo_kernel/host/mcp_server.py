@@ -191,16 +191,13 @@ async def _follow(ctx: Context, client: ClientSession, task: asyncio.Task[Any]) 
     started = time.monotonic()
     try:
         while True:
-            question_get = asyncio.ensure_future(client.desk.next())
-            done, _ = await asyncio.wait({task, question_get}, timeout=PROGRESS_EVERY_S, return_when="FIRST_COMPLETED")
-            if question_get not in done:
-                question_get.cancel()
+            arrival = client.desk.arrival()
+            done, _ = await asyncio.wait({task, arrival}, timeout=PROGRESS_EVERY_S, return_when="FIRST_COMPLETED")
             if task in done:
-                if question_get in done:  # asked at the very end: nobody will answer it now
-                    question_get.result().refuse()
+                client.desk.refuse_all()  # asked at the very end: nobody will answer it now
                 return tool_result(task.result())
-            if question_get in done:
-                question = question_get.result()
+            question = client.desk.take() if arrival in done else None
+            if question is not None:
                 if _asks_by_input_required(ctx):
                     run_id = secrets.token_urlsafe(16)
                     client.waiting_runs[run_id] = (task, question)
