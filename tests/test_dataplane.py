@@ -28,7 +28,7 @@ from ivralo_kernel.host import (
     UnsupportedValueError,
     WorkerConfig,
 )
-from ivralo_kernel.host.dataplane import SEGMENT_PREFIX, SHM
+from ivralo_kernel.host.exchange_folder import SEGMENT_PREFIX, SHM
 from ivralo_kernel.host.sandbox import SandboxPlan
 
 ROWS_100MB = 6_553_600  # two 8-byte columns: 104,857,600 bytes

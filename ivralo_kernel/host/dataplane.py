@@ -28,16 +28,14 @@ import json
 import math
 import os
 import secrets
-import tempfile
 from typing import Any
 
+from ivralo_kernel.host.exchange_folder import SEGMENT_PREFIX
 from ivralo_kernel.protocol import names
 from ivralo_kernel.protocol.errors import IvraloError
 from ivralo_kernel.protocol.policy import default_memory_limit
 from ivralo_kernel.protocol.tables import ARROW_EXTRA, release, unrepresentable
 
-SHM = "/dev/shm"  # noqa: S108 - the machine's tmpfs for shared memory; each kernel gets its own folder in it
-SEGMENT_PREFIX = "seg-"
 _MIB = 1 << 20
 
 
@@ -93,36 +91,6 @@ def require_arrow(operation: str) -> Any:
     except ImportError:
         raise ArrowMissingError(f"{operation} needs pyarrow on the host: {ARROW_EXTRA}") from None
     return pyarrow
-
-
-def exchange_root() -> str:
-    """Where exchange folders go: ``/dev/shm`` when it is a tmpfs we may write, else the temp folder."""
-    if os.path.isdir(SHM) and os.access(SHM, os.W_OK | os.X_OK) and _filesystem(SHM) == "tmpfs":
-        return SHM
-    return tempfile.gettempdir()
-
-
-def _filesystem(path: str) -> str:
-    """The type of the file system ``path`` is the mount point of ("" if it is none)."""
-    try:
-        with open("/proc/mounts", encoding="utf-8") as f:
-            types = [line.split()[2] for line in f if len(line.split()) > 2 and line.split()[1] == path]
-    except OSError:
-        return ""
-    return types[-1] if types else ""
-
-
-def create_exchange_folder() -> str:
-    return tempfile.mkdtemp(prefix="ivralo-xchg-", dir=exchange_root())
-
-
-def clear_exchange_folder(folder: str) -> None:
-    """Segments a kernel never mapped (it died first): the folder stays for the next kernel."""
-    with contextlib.suppress(OSError):
-        for entry in os.scandir(folder):
-            if entry.name.startswith(SEGMENT_PREFIX):
-                with contextlib.suppress(OSError):
-                    os.unlink(entry.path)
 
 
 class Exchange:

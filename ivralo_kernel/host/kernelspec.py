@@ -8,9 +8,9 @@ directory) off ``sys.path`` while our own modules load; ``-B`` writes no bytecod
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping
 from typing import Any
 
+from ivralo_kernel.host.launch_settings import raw_launch_env
 from ivralo_kernel.protocol import names
 from ivralo_kernel.protocol.bootstrap import module_argv
 
@@ -26,43 +26,6 @@ def kernel_argv(python: str | None = None, private_path: bool = False) -> list[s
 
 # A raw launch (VS Code runs argv itself) reads no provisioner config, only kernel.json's env: the
 # settings the kernel and its supervisor enforce by themselves travel there too.
-RAW_LAUNCH_ENV = {
-    "sandbox": names.ENV_SANDBOX_SETTING,
-    "role": names.ENV_ROLE,
-    "audience": names.ENV_AUDIENCE,
-    "deadline_ms": names.ENV_DEADLINE_MS,
-    "interrupt_grace_ms": names.ENV_INTERRUPT_GRACE_MS,
-    "memory_limit_bytes": names.ENV_MEMORY_LIMIT,
-    "rlimit_nofile": names.ENV_RLIMIT_NOFILE,
-    "history_cap_bytes": names.ENV_HISTORY_CAP,
-    "history_cap_count": names.ENV_HISTORY_CAP_COUNT,
-    "landlock": names.ENV_LANDLOCK,
-    "landlock_network": names.ENV_LANDLOCK_NETWORK,
-    "surface": names.ENV_SURFACE,
-    "code_gate": names.ENV_CODE_GATE,
-    "code_gate_modules": names.ENV_CODE_GATE_MODULES,
-    "code_gate_denied_names": names.ENV_CODE_GATE_DENIED_NAMES,
-    "code_gate_denied_attributes": names.ENV_CODE_GATE_DENIED_ATTRIBUTES,
-    "code_gate_denied_calls": names.ENV_CODE_GATE_DENIED_CALLS,
-}
-
-
-def raw_launch_env(settings: Mapping[str, Any]) -> dict[str, str]:
-    """The ``IVRALO_*`` variables that carry ``settings`` to a kernel launched without a host."""
-    env = {}
-    for name, var in RAW_LAUNCH_ENV.items():
-        value = settings.get(name)
-        if value is None:
-            continue
-        if isinstance(value, bool):
-            env[var] = "on" if value else "off"
-        elif isinstance(value, (list, tuple)):  # module and attribute names hold no comma
-            env[var] = ",".join(map(str, value))
-        else:
-            env[var] = str(value)
-    return env
-
-
 def kernel_spec_dict(
     python: str | None = None,
     display_name: str = names.DISPLAY_NAME,

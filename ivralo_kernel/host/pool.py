@@ -23,12 +23,11 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from ivralo_kernel.host.config import WorkerConfig
 from ivralo_kernel.host.interpreters import KernelLaunch, plan
 from ivralo_kernel.host.observer import human_bytes
 from ivralo_kernel.host.off_loop import off_loop
+from ivralo_kernel.host.sandbox_limits import available_memory
 from ivralo_kernel.host.worker import Worker, WorkerSettings
 from ivralo_kernel.protocol import ConfigError, IvraloError
 
@@ -41,24 +40,6 @@ class WorkerPoolExhaustedError(IvraloError, RuntimeError):
 
 class HostMemoryError(IvraloError, MemoryError):
     """The host is too short of memory to start another worker."""
-
-
-def available_memory() -> int:
-    """Bytes this process tree can still use: the host's available memory, or less when a cgroup
-    limit is closer (cgroup v2 ``memory.max``, or v1 ``memory.limit_in_bytes``)."""
-    available = int(psutil.virtual_memory().available)
-    for limit_file, usage_file in (
-        ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
-        ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"),
-    ):
-        try:
-            limit = Path(limit_file).read_text().strip()
-            usage = int(Path(usage_file).read_text().strip())
-        except (OSError, ValueError):
-            continue
-        if limit.isdigit() and int(limit) < (1 << 60):
-            available = min(available, max(0, int(limit) - usage))
-    return available
 
 
 class WorkerPool:

@@ -237,7 +237,7 @@ class SparePool:
 
 
 def _memory_allows(reserve: int) -> bool:
-    from ivralo_kernel.host.pool import available_memory
+    from ivralo_kernel.host.sandbox_limits import available_memory
 
     return available_memory() >= reserve
 

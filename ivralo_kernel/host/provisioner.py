@@ -36,11 +36,11 @@ from ivralo_kernel.host.announce import answer_lost_execution
 from ivralo_kernel.host.broker import BrokerResponder
 from ivralo_kernel.host.channel_relay import ChannelRelay
 from ivralo_kernel.host.config_watch import DOTENV, WorkspaceFiles, protected_in_sandbox
-from ivralo_kernel.host.dataplane import clear_exchange_folder, create_exchange_folder
 from ivralo_kernel.host.egress import PERSON_ANSWER_TIMEOUT_S
 from ivralo_kernel.host.egress_notes import NOTE_WAIT_S, EgressNotes
 from ivralo_kernel.host.egress_proxy import EgressProxy, Verdict
 from ivralo_kernel.host.escalation import DeadlinePolicy
+from ivralo_kernel.host.exchange_folder import clear_exchange_folder, create_exchange_folder
 from ivralo_kernel.host.history_ledger import HistoryRecorder
 from ivralo_kernel.host.kernel_output import relay_output
 from ivralo_kernel.host.kernelspec import SUPERVISOR_MODULE

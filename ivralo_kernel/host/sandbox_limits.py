@@ -21,6 +21,9 @@ import functools
 import os
 import stat
 import subprocess
+from pathlib import Path
+
+import psutil
 
 SCRATCH_FOLDERS = ("/tmp", "/var/tmp", "/dev/shm")  # noqa: S108 - the sandbox's own, sized
 EMPTIED_BYTES = 16 << 20  # what an emptied /run, runtime folder or credential store may hold
@@ -120,3 +123,21 @@ def _mem_total() -> int:
     except (OSError, ValueError, IndexError):
         pass
     return 8 << 30
+
+
+def available_memory() -> int:
+    """Bytes this process tree can still use: the host's available memory, or less when a cgroup
+    limit is closer (cgroup v2 ``memory.max``, or v1 ``memory.limit_in_bytes``)."""
+    available = int(psutil.virtual_memory().available)
+    for limit_file, usage_file in (
+        ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+        ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"),
+    ):
+        try:
+            limit = Path(limit_file).read_text().strip()
+            usage = int(Path(usage_file).read_text().strip())
+        except (OSError, ValueError):
+            continue
+        if limit.isdigit() and int(limit) < (1 << 60):
+            available = min(available, max(0, int(limit) - usage))
+    return available

@@ -51,7 +51,8 @@ from ivralo_kernel.host.namespace import (
 )
 from ivralo_kernel.host.off_loop import off_loop
 from ivralo_kernel.host.outputs import CellOutput, effects_in, error_result, lost_names_message, with_effects
-from ivralo_kernel.host.pool import HostMemoryError, WorkerPool, WorkerPoolExhaustedError, available_memory
+from ivralo_kernel.host.pool import HostMemoryError, WorkerPool, WorkerPoolExhaustedError
+from ivralo_kernel.host.sandbox_limits import available_memory
 from ivralo_kernel.host.test_runs import RUNNERS, run_report, runner_cell
 from ivralo_kernel.host.watchdog import Watchdog
 from ivralo_kernel.host.worker import Worker

@@ -19,7 +19,7 @@ from typing import Any
 from traitlets.config import Config
 
 from ivralo_kernel.host.config_files import CONFIG_FILE, config_files
-from ivralo_kernel.host.kernelspec import raw_launch_env
+from ivralo_kernel.host.launch_settings import raw_launch_env
 from ivralo_kernel.host.settings_model import (
     GIB,
     GRACE_MS,
