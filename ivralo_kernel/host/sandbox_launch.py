@@ -114,7 +114,8 @@ def _seccomp_program_fd() -> int:
         fd = os.memfd_create("ivralo-seccomp", os.MFD_CLOEXEC)  # passed on by pass_fds alone
     except OSError:  # a container's profile may refuse memfd_create: the supervisor installs it then
         return -1
-    os.write(fd, seccomp.base_filter(arch))
+    # open_tree and move_mount are the supervisor's to refuse, after it covered the closed links.
+    os.write(fd, seccomp.base_filter(arch, covering=True))
     return fd
 
 
@@ -185,7 +186,12 @@ def sandboxed_command(
     # Each missing closed path gets its placeholder now, on the host, so that argv mounts it read-only.
     claim = folder.claims.get(workspace) or folder.claims.setdefault(workspace, WorkspaceClaim(workspace))
     claim.hold(plan.missing())
-    claim.note_links(plan.closed_links())  # a replaced one is named in the host's log when the kernel ends
+    links = plan.closed_links()
+    claim.note_links(links)  # a replaced one is named in the host's log when the kernel ends
+    if links and sandbox_limits.bwrap_adds_capabilities(bwrap):
+        # Each link mounted over itself by the supervisor: it cannot be removed or replaced inside.
+        plan.cover_links = tuple(links)
+        env[names.ENV_COVER_LINKS] = json.dumps(list(links))
     return plan.argv(cmd)
 
 

@@ -117,6 +117,40 @@ def _seccomp(direct_links: bool = False) -> str:
     return "supervisor"
 
 
+def _cover_links() -> int | None:
+    """The closed names that are links, each mounted over itself (supervisor/link_covers.py); how
+    many, or None when the host gave none. A link Linux would not cover is said on stderr, and the
+    host's log names it again if it was replaced by the time the kernel ends."""
+    given = os.environ.pop(names.ENV_COVER_LINKS, None)
+    if given is None:
+        return None
+    from ivralo_kernel.supervisor import link_covers
+
+    try:
+        covered, problems = link_covers.cover_all(given)
+    except ValueError as exc:
+        problems, covered = [str(exc)], 0
+    for problem in problems:
+        os.write(2, f"ivralo supervisor: a closed link stays replaceable: {problem}\n".encode())
+    os.environ[names.ENV_SUPERVISOR_LAYERS] += f",covered_links={covered}"
+    return covered
+
+
+def _refuse_covering_calls() -> bool:
+    """bwrap's filter left open_tree and move_mount to us (for ``_cover_links``): refused from here on."""
+    from ivralo_kernel.protocol import seccomp
+
+    arch = seccomp.this_arch()
+    if arch is None:
+        return True
+    try:
+        seccomp.install(seccomp.after_covers_filter(arch), arch)
+    except seccomp.SeccompUnavailable as exc:
+        os.write(2, f"ivralo supervisor: cannot refuse the mount calls to the kernel: {exc}\n".encode())
+        return False
+    return True
+
+
 def _start_kernel(argv: list[str], env: dict[str, str], stderr_fd: int) -> int:
     # Frozen standard modules hide their source from the debugger: breakpoints in them are missed.
     cmd = module_argv(sys.executable, "ivralo_kernel.kernel", argv, ("-P", "-B", "-Xfrozen_modules=off"), env=env)
@@ -258,16 +292,22 @@ def main(argv: list[str] | None = None) -> int:
     os.environ[names.ENV_SUPERVISOR_LAYERS] = (
         f"subreaper={int(subreaper)},parent_death_signal={int(death_signal)},seccomp={filtered}"
     )
+    covered = _cover_links()
     limits = os.environ.pop(names.ENV_NAMESPACE_LIMITS, None)
-    if limits is not None:  # in the sandbox, before anything of the kernel's runs
+    if limits is not None or covered is not None:  # in the sandbox, before anything of the kernel's runs
         from ivralo_kernel.supervisor import namespace_limits
 
         try:
-            lowered = namespace_limits.apply(limits)
+            if limits is not None:
+                lowered = namespace_limits.apply(limits)  # and drops the given capabilities
+                os.environ[names.ENV_SUPERVISOR_LAYERS] += f",namespace_limits={len(lowered)}"
+            else:
+                namespace_limits.drop_given_capabilities()
         except (namespace_limits.LimitError, ValueError, OSError) as exc:
             os.write(2, f"ivralo supervisor: cannot set the sandbox's namespace limits: {exc}\n".encode())
             return 1
-        os.environ[names.ENV_SUPERVISOR_LAYERS] += f",namespace_limits={len(lowered)}"
+    if filtered == "bwrap" and not _refuse_covering_calls():
+        return 1
     if os.getppid() != parent:
         return 1
 
