@@ -49,6 +49,9 @@ attempt("ctypes unlink", lambda: c("unlink", b".vscode"))
 attempt("ctypes rename", lambda: c("rename", b"decoy", b".vscode"))
 attempt("ctypes umount2", lambda: c("umount2", b".vscode", 2))
 attempt("ctypes unlink envrc", lambda: c("unlink", b".envrc"))
+# The calls the supervisor covered the links with are refused to the kernel (its own filter).
+said["open_tree"] = libc.syscall(428, -100, b".vscode", 1 | 0x100) >= 0 or os.strerror(ctypes.get_errno())
+said["move_mount"] = libc.syscall(429, -100, b"decoy", -100, b".vscode", 0) == 0 or os.strerror(ctypes.get_errno())
 said["read through the link"] = open(".vscode/settings.json").read()
 print(json.dumps(said))
 """
@@ -85,6 +88,7 @@ def test_a_closed_link_cannot_be_removed_or_replaced_and_still_reads_through(tmp
     assert not (ws / "other" / "tasks.json").exists()
     for label in ("remove", "rename away", "replace by folder", "ctypes unlink", "ctypes rename", "ctypes umount2"):
         assert py[label] != "done", (label, py)
+    assert py["open_tree"] == py["move_mount"] == "Operation not permitted", py
     # Code inside still reads the person's settings where they keep them, through the link.
     assert py["read through the link"] == '{"the person\'s": 1}\n', py
     assert '{"the person\'s": 1}' in said, said
