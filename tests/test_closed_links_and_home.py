@@ -2,8 +2,9 @@
 from a cell, and judged on the host's disk after the cell:
 
 1. a closed name that is a symlink at start (``.vscode -> ../shared-vscode``) can be neither removed
-   nor replaced: the supervisor mounts the link over itself (supervisor/link_covers.py), and code
-   inside still reads the person's settings through it;
+   nor replaced: the host mounts the link over itself from outside (protocol/link_mounts.py), and
+   code inside still reads the person's settings through it (tests/test_sandbox_as_nobody.py runs
+   this file again as an unprivileged user, whose sandbox is a nested user namespace);
 2. with the workspace = ``$HOME``, no new top-level entry (``~/.newtool``, ``~/.foorc``) can be made:
    the home folder's top level is read-only inside, and each existing non-dot entry of it is bound
    writable on top (work goes on in the subfolders and in existing files).

@@ -427,9 +427,6 @@ class SandboxPlan:
     # What the supervisor lowers for the sandbox's namespaces (inotify, System V IPC): with it, bwrap
     # gives the supervisor CAP_SYS_RESOURCE, which it drops before the kernel starts.
     namespace_limits: str = ""
-    # The closed names that are links, which the supervisor mounts over themselves
-    # (supervisor/link_covers.py): with them, bwrap gives it CAP_SYS_ADMIN too, which it drops.
-    cover_links: tuple[str, ...] = ()
     sized_tmpfs: bool = False  # this bwrap has --size (host/sandbox_limits.bwrap_sizes_tmpfs)
     # A descriptor bwrap reads the seccomp filter from (passed to it by the launch), or None.
     seccomp_fd: int | None = None
@@ -614,11 +611,7 @@ class SandboxPlan:
         a += ["--cap-drop", "ALL"]
         if self.namespace_limits:
             # The supervisor's, for its namespace limits alone; CAP_SETPCAP to drop it from the bounding set.
-            a += ["--cap-add", "CAP_SYS_RESOURCE"]
-        if self.cover_links:
-            a += ["--cap-add", "CAP_SYS_ADMIN"]  # the supervisor's, for the links' mounts alone
-        if self.namespace_limits or self.cover_links:
-            a += ["--cap-add", "CAP_SETPCAP"]
+            a += ["--cap-add", "CAP_SYS_RESOURCE", "--cap-add", "CAP_SETPCAP"]
         # The person's keys are listed there by name (the filter refuses keyctl, so not by content).
         a += ["--ro-bind", self.empty_file, "/proc/keys", "--ro-bind", self.empty_file, "/proc/key-users"]
         hidden, stores = self.hidden(), self.credential_stores()

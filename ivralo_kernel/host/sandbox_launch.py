@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import select
 import shutil
@@ -36,6 +37,8 @@ PROXY_VARIABLES = names.PROXY_VARIABLES
 SANDBOX_BUILD_WAIT_S = 15.0
 EXIT_WAIT_S = 2.0  # for bwrap's exit status and the rest of its stderr, once the pipe said it is gone
 STDERR_KEPT = 4000
+LINK_COVER_TIMEOUT_S = 10.0  # the helper that covers the closed links (python's start, a few syscalls)
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -114,8 +117,7 @@ def _seccomp_program_fd() -> int:
         fd = os.memfd_create("ivralo-seccomp", os.MFD_CLOEXEC)  # passed on by pass_fds alone
     except OSError:  # a container's profile may refuse memfd_create: the supervisor installs it then
         return -1
-    # open_tree and move_mount are the supervisor's to refuse, after it covered the closed links.
-    os.write(fd, seccomp.base_filter(arch, covering=True))
+    os.write(fd, seccomp.base_filter(arch))
     return fd
 
 
@@ -188,9 +190,7 @@ def sandboxed_command(
     claim.hold(plan.missing())
     links = plan.closed_links()
     claim.note_links(links)  # a replaced one is named in the host's log when the kernel ends
-    if links and sandbox_limits.bwrap_adds_capabilities(bwrap):
-        # Each link mounted over itself by the supervisor: it cannot be removed or replaced inside.
-        plan.cover_links = tuple(links)
+    if links:  # each mounted over itself by the host once bwrap built the sandbox (SandboxStart.wait)
         env[names.ENV_COVER_LINKS] = json.dumps(list(links))
     return plan.argv(cmd)
 
@@ -232,10 +232,12 @@ class SandboxStart:
 
     def __init__(self) -> None:
         self.read_fd, self.write_fd = os.pipe()
+        self.links = ""  # the closed links to cover once the sandbox is built (a JSON list), or none
 
     def pass_to(self, env: dict[str, str], pass_fds: tuple[int, ...]) -> tuple[int, ...]:
         """Give the write end to the launch (its environment names it); returns the new ``pass_fds``."""
         env[names.ENV_SANDBOX_UP_FD] = str(self.write_fd)
+        self.links = env.get(names.ENV_COVER_LINKS, "")
         return (*pass_fds, self.write_fd)
 
     def wait(self, process: subprocess.Popen[bytes], bwrap: str, timeout: float = SANDBOX_BUILD_WAIT_S) -> str | None:
@@ -256,6 +258,8 @@ class SandboxStart:
         finally:
             self._close_read_end()
         if pipe.decode(said.split(b"\n")[0].decode(errors="replace")) == pipe.Stage(names.STAGE_SANDBOX_BUILT):
+            if self.links:
+                cover_links(process.pid, self.links)
             return None
         try:
             status: int | None = process.wait(EXIT_WAIT_S)
@@ -282,6 +286,26 @@ class SandboxStart:
             with contextlib.suppress(OSError):
                 os.close(self.write_fd)
             self.write_fd = -1
+
+
+def cover_links(bwrap_pid: int, links: str) -> None:
+    """Mount each closed link over itself in the sandbox of ``bwrap_pid`` (protocol/link_mounts.py),
+    from a process of its own: ``setns`` into a user namespace needs a single thread, and a host has
+    many. What Linux refused is logged; the supervisor says so too, and starts the kernel anyway."""
+    try:
+        with open(f"/proc/{bwrap_pid}/task/{bwrap_pid}/children", encoding="ascii") as f:
+            inside = int(f.read().split()[0])  # the sandbox's first process (the supervisor)
+    except (OSError, ValueError, IndexError):
+        log.warning("ivralo: the sandbox's closed links stay replaceable: its first process cannot be found")
+        return
+    argv = [sys.executable, "-I", "-m", "ivralo_kernel.protocol.link_mounts", str(inside), links]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=LINK_COVER_TIMEOUT_S, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        log.warning("ivralo: the sandbox's closed links stay replaceable: %s", exc)
+        return
+    if done.returncode != 0:
+        log.warning("ivralo: a closed link stays replaceable: %s", printable(done.stderr.strip())[-STDERR_KEPT:])
 
 
 def _readable(fd: int, deadline: float) -> bool:

@@ -248,16 +248,10 @@ def _end(program: Program) -> None:
     program.ret(_errno(errno.ENOSYS))
 
 
-# Left out of bwrap's filter for the supervisor, which covers the closed links with them
-# (supervisor/link_covers.py), then refuses them to itself and the kernel (``after_covers_filter``).
-COVERING_CALLS: Final = ("open_tree", "move_mount")
-
-
-def base_filter(arch: Arch, *, fallback: bool = False, udp: bool = False, covering: bool = False) -> bytes:
+def base_filter(arch: Arch, *, fallback: bool = False, udp: bool = False) -> bytes:
     """The filter for the supervisor and everything under it (see the module's docstring);
     ``fallback``: outside a sandbox, where it also keeps the network to TCP; ``udp``: and UDP, for the
-    fallback whose person allowed direct links (``landlock_network``): their names resolve by DNS;
-    ``covering``: without ``COVERING_CALLS``, which the supervisor refuses itself once it has used them."""
+    fallback whose person allowed direct links (``landlock_network``): their names resolve by DNS."""
     p = Program()
     _start(arch, p)
     # The calls judged by their arguments first: ioctl, socket and clone are frequent, and the kernel's
@@ -275,8 +269,7 @@ def base_filter(arch: Arch, *, fallback: bool = False, udp: bool = False, coveri
         p.jump_if_equal(arch.nr("sendmsg"), "send_flags_2")
         p.jump_if_equal(arch.nr("setsockopt"), "setsockopt")
     for name in REFUSED:
-        if not (covering and name in COVERING_CALLS):
-            p.jump_if_equal(arch.nr(name), "eperm")
+        p.jump_if_equal(arch.nr(name), "eperm")
     p.ret(SECCOMP_RET_ALLOW)
     p.label("socket")
     p.load(_arg(0))  # the address family
@@ -335,18 +328,6 @@ def _fallback_socket_rules(p: Program, udp: bool = False) -> None:
     p.jump_if_equal(TCP_FASTOPEN_CONNECT, "eperm")
     p.label("allow")
     p.ret(SECCOMP_RET_ALLOW)
-
-
-def after_covers_filter(arch: Arch) -> bytes:
-    """``COVERING_CALLS`` refused, as the base filter refuses them: the supervisor's own, once the
-    closed links are covered (or there were none), before the kernel is forked."""
-    p = Program()
-    _start(arch, p)
-    for name in COVERING_CALLS:
-        p.jump_if_equal(arch.nr(name), "eperm")
-    p.ret(SECCOMP_RET_ALLOW)
-    _end(p)
-    return p.assemble()
 
 
 def unix_socket_filter(arch: Arch) -> bytes:

@@ -34,12 +34,10 @@ ALLOWED = frozenset(
     }
 )
 CAP_SYS_RESOURCE = 24
-# For the links the supervisor covers with a mount (supervisor/link_covers.py), where there are any.
-CAP_SYS_ADMIN = 21
-# bwrap gives every other capability up (``--cap-drop ALL``), this one with the others: dropping
+# bwrap gives every other capability up (``--cap-drop ALL``), this one with CAP_SYS_RESOURCE: dropping
 # a capability from the bounding set takes it. It goes last, and the same way.
 CAP_SETPCAP = 8
-GIVEN = (CAP_SYS_RESOURCE, CAP_SYS_ADMIN, CAP_SETPCAP)
+GIVEN = (CAP_SYS_RESOURCE, CAP_SETPCAP)
 PR_CAPBSET_DROP = 24
 PR_CAP_AMBIENT = 47
 PR_CAP_AMBIENT_CLEAR_ALL = 4
@@ -80,13 +78,13 @@ def apply(text: str) -> list[str]:
         except OSError:
             continue
         done.append(name)
-    drop_given_capabilities()
+    drop_resource_capability()
     return done
 
 
-def drop_given_capabilities() -> None:
-    """CAP_SYS_RESOURCE and CAP_SYS_ADMIN (and CAP_SETPCAP, which dropping them takes) out of the
-    ambient and bounding sets (so no exec regains them, as root in the namespace would from the bounding set) and out of
+def drop_resource_capability() -> None:
+    """CAP_SYS_RESOURCE (and CAP_SETPCAP, which dropping it takes) out of the ambient and bounding
+    sets (so no exec regains them, as root in the namespace would from the bounding set) and out of
     our own sets."""
     libc = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
     if libc is None:
@@ -106,12 +104,12 @@ def drop_given_capabilities() -> None:
     if libc.capset(ctypes.byref(header), data) != 0:
         raise LimitError(f"capset failed (errno {ctypes.get_errno()})")
     if _in_bounding_set() and os.getuid() == 0:
-        raise LimitError("a given capability is still in the bounding set, and root regains it at exec")
+        raise LimitError("CAP_SYS_RESOURCE is still in the bounding set, and root regains it at exec")
 
 
 def _in_bounding_set() -> bool:
     with open("/proc/self/status", encoding="ascii") as f:
         for line in f:
             if line.startswith("CapBnd:"):
-                return bool(int(line.split()[1], 16) & sum(1 << cap for cap in GIVEN))
+                return bool(int(line.split()[1], 16) & (1 << CAP_SYS_RESOURCE))
     return True

@@ -46,6 +46,8 @@ SIGNAL_PARENT_DIED = signal.SIGHUP
 TERM_GRACE_S = 3.0
 # How often the parent is checked by pid, in case the death signal was missed.
 PARENT_POLL_S = 0.5
+# How long the kernel's start waits for the host to cover the closed links (a short process of its own).
+LINK_COVER_WAIT_S = 10.0
 
 _WATCHED = (signal.SIGCHLD, signal.SIGTERM, signal.SIGQUIT, signal.SIGINT, SIGNAL_KILL_NOW, SIGNAL_PARENT_DIED)
 
@@ -117,38 +119,25 @@ def _seccomp(direct_links: bool = False) -> str:
     return "supervisor"
 
 
-def _cover_links() -> int | None:
-    """The closed names that are links, each mounted over itself (supervisor/link_covers.py); how
-    many, or None when the host gave none. A link Linux would not cover is said on stderr, and the
-    host's log names it again if it was replaced by the time the kernel ends."""
+def _wait_for_link_covers() -> None:
+    """The closed names that are links: the host mounts each over itself from outside (it alone
+    can: protocol/link_mounts.py); the kernel starts once each is a mount point here. One the host
+    could not cover is said on stderr, and the host's log names it if it was replaced by the end."""
     given = os.environ.pop(names.ENV_COVER_LINKS, None)
     if given is None:
-        return None
-    from ivralo_kernel.supervisor import link_covers
+        return
+    from ivralo_kernel.protocol import link_mounts
 
     try:
-        covered, problems = link_covers.cover_all(given)
-    except ValueError as exc:
-        problems, covered = [str(exc)], 0
-    for problem in problems:
-        os.write(2, f"ivralo supervisor: a closed link stays replaceable: {problem}\n".encode())
-    os.environ[names.ENV_SUPERVISOR_LAYERS] += f",covered_links={covered}"
-    return covered
-
-
-def _refuse_covering_calls() -> bool:
-    """bwrap's filter left open_tree and move_mount to us (for ``_cover_links``): refused from here on."""
-    from ivralo_kernel.protocol import seccomp
-
-    arch = seccomp.this_arch()
-    if arch is None:
-        return True
-    try:
-        seccomp.install(seccomp.after_covers_filter(arch), arch)
-    except seccomp.SeccompUnavailable as exc:
-        os.write(2, f"ivralo supervisor: cannot refuse the mount calls to the kernel: {exc}\n".encode())
-        return False
-    return True
+        paths = link_mounts.parse(given)
+    except ValueError:
+        paths = []
+    left = link_mounts.wait_until_covered(paths, LINK_COVER_WAIT_S)
+    for path in left:
+        os.write(
+            2, f"ivralo supervisor: the closed link {path!r} stays replaceable: the host did not cover it\n".encode()
+        )
+    os.environ[names.ENV_SUPERVISOR_LAYERS] += f",covered_links={len(paths) - len(left)}"
 
 
 def _start_kernel(argv: list[str], env: dict[str, str], stderr_fd: int) -> int:
@@ -292,22 +281,17 @@ def main(argv: list[str] | None = None) -> int:
     os.environ[names.ENV_SUPERVISOR_LAYERS] = (
         f"subreaper={int(subreaper)},parent_death_signal={int(death_signal)},seccomp={filtered}"
     )
-    covered = _cover_links()
     limits = os.environ.pop(names.ENV_NAMESPACE_LIMITS, None)
-    if limits is not None or covered is not None:  # in the sandbox, before anything of the kernel's runs
+    if limits is not None:  # in the sandbox, before anything of the kernel's runs
         from ivralo_kernel.supervisor import namespace_limits
 
         try:
-            if limits is not None:
-                lowered = namespace_limits.apply(limits)  # and drops the given capabilities
-                os.environ[names.ENV_SUPERVISOR_LAYERS] += f",namespace_limits={len(lowered)}"
-            else:
-                namespace_limits.drop_given_capabilities()
+            lowered = namespace_limits.apply(limits)
         except (namespace_limits.LimitError, ValueError, OSError) as exc:
             os.write(2, f"ivralo supervisor: cannot set the sandbox's namespace limits: {exc}\n".encode())
             return 1
-    if filtered == "bwrap" and not _refuse_covering_calls():
-        return 1
+        os.environ[names.ENV_SUPERVISOR_LAYERS] += f",namespace_limits={len(lowered)}"
+    _wait_for_link_covers()
     if os.getppid() != parent:
         return 1
 
