@@ -26,7 +26,7 @@ from ivralo_kernel.host import sandbox_limits
 from ivralo_kernel.host.closed_paths import WorkspaceClaim
 from ivralo_kernel.host.kernel_output import printable
 from ivralo_kernel.host.sandbox import SandboxPlan, prepare_workspace
-from ivralo_kernel.protocol import names, pipe, seccomp
+from ivralo_kernel.protocol import link_mounts, names, pipe, seccomp
 
 PROXY_URL = f"http://127.0.0.1:{names.RELAY_PORT}"
 CHANNELS = ("shell", "iopub", "stdin", "control", "hb")
@@ -298,7 +298,8 @@ def cover_links(bwrap_pid: int, links: str) -> None:
     except (OSError, ValueError, IndexError):
         log.warning("ivralo: the sandbox's closed links stay replaceable: its first process cannot be found")
         return
-    argv = [sys.executable, "-I", "-m", "ivralo_kernel.protocol.link_mounts", str(inside), links]
+    # By its path, without site (-S): it needs the standard library alone, and the kernel's start waits.
+    argv = [sys.executable, "-I", "-S", link_mounts.__file__, str(inside), links]
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=LINK_COVER_TIMEOUT_S, check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:

@@ -13,7 +13,7 @@ Nothing inside the sandbox can make that mount: for a user other than root, bwra
 in a user namespace of its own and runs the sandbox in a nested one, which holds no capability over
 them (``--cap-add CAP_SYS_ADMIN`` would not help), and the kernel's tree has no capability and a
 seccomp filter against every mount call anyway. So the host does it, from outside: a short-lived
-process (``python -m ivralo_kernel.protocol.link_mounts PID PATHS``; ``setns`` into a user namespace
+process (``python -I -S .../link_mounts.py PID PATHS``, stdlib only; ``setns`` into a user namespace
 needs a single thread) joins the namespace that owns the sandbox's mounts (its creator's uid has
 every capability there) and the sandbox's mount namespace, and covers each link. The supervisor waits
 until each is a mount point in its mount table before it starts the kernel (``wait_until_covered``).
