@@ -184,3 +184,21 @@ def test_with_the_workspace_the_home_folder_no_new_top_level_entry_appears(
     assert "Work in a subfolder" in py["open new top file"], py
     left = set(os.listdir(home)) - {"projects", "notes.txt", ".bashrc"}
     assert left <= {".ivralo", ".ipython"}, f"left behind: {sorted(left)}"
+
+
+@pytest.mark.fast
+def test_the_supervisor_reads_covered_links_from_the_mount_table(tmp_path: Path) -> None:
+    """What the supervisor waits on: a link's mount point in mountinfo (escaped as Linux writes it),
+    and the host's list, refused unless it is absolute paths."""
+    from ivralo_kernel.protocol.link_mounts import mount_points, parse
+
+    table = tmp_path / "mountinfo"
+    table.write_text(
+        "47 163 254:0 /w/.vscode /w/.vscode rw,relatime - ext4 /dev/vda rw\n"
+        "48 163 254:0 /w/a\\040b /w/a\\040b rw,relatime - ext4 /dev/vda rw\n"
+    )
+    assert mount_points(str(table)) == {"/w/.vscode", "/w/a b"}
+    assert parse('["/w/.vscode"]') == ["/w/.vscode"]
+    for bad in ('["relative"]', '{"a": 1}', "[1]"):
+        with pytest.raises(ValueError):
+            parse(bad)
