@@ -54,7 +54,7 @@ async def measure(workspace: Path, trials: int) -> dict[str, object]:
 
     warm: list[float] = []
     cold: list[float] = []
-    async with WorkerPool(workspace, WorkerConfig(prewarm_pool_size=1)) as pool:
+    async with WorkerPool(workspace, config=WorkerConfig(prewarm_pool_size=1)) as pool:
         for trial in range(trials):
             print(f"trial {trial + 1}/{trials}", file=sys.stderr)
             await pool.wait_prewarmed()

@@ -5,6 +5,7 @@ kernel keeps running when the session lets go (judged by its process)."""
 from __future__ import annotations
 
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import pytest
 from jupyter_client.kernelspec import KernelSpec, KernelSpecManager
 from jupyter_client.manager import KernelManager
 
-from ivralo_kernel.host import Session
+from ivralo_kernel.host import Session, SyncSession
 from ivralo_kernel.host.attach import AttachError
 
 
@@ -69,3 +70,23 @@ async def test_an_ivralo_kernel_reports_its_layers(ivralo: KernelManager) -> Non
 async def test_a_missing_connection_file_is_named(tmp_path: Path) -> None:
     with pytest.raises(AttachError, match=r"kernel-gone\.json: no such connection file"):
         Session.connect(str(tmp_path / "kernel-gone.json"))
+
+
+def test_the_blocking_twin_attaches_runs_and_lets_go(plain: KernelManager) -> None:
+    threads_before = {t.ident for t in threading.enumerate()}
+    with SyncSession.connect(plain.connection_file) as session:
+        assert not session.is_ivralo and session.note is not None
+        first = session.run("x = 6 * 7\nprint(x)")
+        assert isinstance(first, str) and first.endswith("42\n")
+        assert session.run("print(x + 1)") == "43\n"
+    session.close()  # again: nothing to do
+    assert plain.is_alive(), "letting go does not stop the person's kernel"
+    leftover = [t.name for t in threading.enumerate() if t.ident not in threads_before and t.name == "ivralo-attached"]
+    assert not leftover, f"the blocking twin's loop thread outlived close(): {leftover}"
+
+
+@pytest.mark.fast
+def test_the_blocking_twin_names_a_missing_connection_file(tmp_path: Path) -> None:
+    with pytest.raises(AttachError, match=r"kernel-gone\.json: no such connection file"):
+        SyncSession.connect(str(tmp_path / "kernel-gone.json"))
+    assert not [t for t in threading.enumerate() if t.name == "ivralo-attached"], "its loop thread was left running"

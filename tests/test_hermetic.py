@@ -130,7 +130,7 @@ def test_the_surface_is_one_setting(workspace: Path) -> None:
     pool = WorkerPool(workspace)
     with pytest.raises(ConfigError, match="differs from the pool's surface 'project'"):
         Session(pool=pool, surface="hermetic")
-    assert Session(pool=WorkerPool(workspace, WorkerConfig(surface="hermetic"))).surface == "hermetic"
+    assert Session(pool=WorkerPool(workspace, config=WorkerConfig(surface="hermetic"))).surface == "hermetic"
 
 
 async def test_tables_on_the_hermetic_surface_point_to_the_project_one(workspace: Path) -> None:

@@ -409,3 +409,18 @@ def test_with_the_workspace_holding_the_home_folder_no_restore_writes_its_dot_en
     assert closed_reason("alice/notes.txt", home="alice") is None
     assert closed_reason("bob/.bashrc", home="alice") is None  # not the home folder: a project's file
     assert closed_reason(".bashrc") is None  # no home folder in the workspace
+
+
+@pytest.mark.fast
+def test_no_file_is_restored_over_a_folder_now_on_its_path(workspace: Path) -> None:
+    ws = Path(os.path.realpath(workspace))
+    store = HistoryStore(ws)
+    (ws / "was_file").write_text("kept")
+    kept_by_guard(ws, "was_file", "delete")
+    (ws / "was_file").unlink()
+    (ws / "was_file").mkdir()
+    (ws / "was_file" / "inside.txt").write_text("untouched")
+    (entry,) = store.entries()
+    with pytest.raises(HistoryError, match=r"^was_file is a folder now, so no file is restored over it\. Nothing"):
+        store.restore(entry, force=True)
+    assert (ws / "was_file").is_dir() and (ws / "was_file" / "inside.txt").read_text() == "untouched"

@@ -15,7 +15,7 @@ from ivralo_kernel.host import Session, WorkerConfig, WorkerPool
 
 
 async def test_prewarmed_spare_serves_the_first_call_and_is_replaced(workspace: Path) -> None:
-    async with WorkerPool(workspace, WorkerConfig(prewarm_pool_size=1)) as pool:
+    async with WorkerPool(workspace, config=WorkerConfig(prewarm_pool_size=1)) as pool:
         await pool.wait_prewarmed()
         spare = pool.spares[0]
         ready = spare.km.provisioner.host_pid(spare.kernel_info["ivralo"]["pid"]) == spare.pid
@@ -28,7 +28,7 @@ async def test_prewarmed_spare_serves_the_first_call_and_is_replaced(workspace: 
 
 
 async def test_max_workers_refuses_at_once_naming_the_setting(workspace: Path) -> None:
-    async with WorkerPool(workspace, WorkerConfig(max_workers=1)) as pool:
+    async with WorkerPool(workspace, config=WorkerConfig(max_workers=1)) as pool:
         async with Session(pool=pool) as first, Session(pool=pool) as second:
             assert await first.run("a = 1") == ""
             # No queueing: a queued call would wait for `first`, which stays open, so wait_for would end it.
@@ -44,7 +44,7 @@ async def test_max_workers_refuses_at_once_naming_the_setting(workspace: Path) -
 
 
 async def test_idle_workers_are_swept_and_the_next_call_gets_a_fresh_one(workspace: Path) -> None:
-    async with WorkerPool(workspace, WorkerConfig(idle_ttl_seconds=1)) as pool:
+    async with WorkerPool(workspace, config=WorkerConfig(idle_ttl_seconds=1)) as pool:
         async with Session(pool=pool) as session:
             await session.run("x = 1")
             pid = session.pid
@@ -54,7 +54,8 @@ async def test_idle_workers_are_swept_and_the_next_call_gets_a_fresh_one(workspa
 
 
 async def test_host_memory_reserve_evicts_spares_then_refuses(workspace: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    async with WorkerPool(workspace, WorkerConfig(prewarm_pool_size=1, host_memory_reserve_bytes=1 << 30)) as pool:
+    config = WorkerConfig(prewarm_pool_size=1, host_memory_reserve_bytes=1 << 30)
+    async with WorkerPool(workspace, config=config) as pool:
         await pool.wait_prewarmed()
         spare_pid = pool.spares[0].pid
         # The host's available memory is what this policy reacts to: report a short host.
@@ -81,7 +82,7 @@ async def test_third_restart_in_a_minute_is_called_out(workspace: Path) -> None:
 
 
 async def test_closing_the_pool_does_not_wait_for_busy_workers(workspace: Path) -> None:
-    pool = WorkerPool(workspace, WorkerConfig(deadline_ms=600_000, interrupt_grace_ms=1000))
+    pool = WorkerPool(workspace, config=WorkerConfig(deadline_ms=600_000, interrupt_grace_ms=1000))
     session = Session(pool=pool)
     busy = asyncio.create_task(session.run("import pathlib, time\npathlib.Path('started').touch()\ntime.sleep(600)"))
     await wait_until_async(lambda: (workspace / "started").exists(), 60, "the cell to start running")

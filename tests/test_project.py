@@ -119,7 +119,7 @@ def test_project_settings(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"^project: the hermetic surface sees"):
         WorkerConfig(project=str(tmp_path), surface="hermetic")
     with pytest.raises(ConfigError, match=r"^python: and project="):
-        WorkerPool(tmp_path, WorkerConfig(project=str(tmp_path)), python=sys.executable)
+        WorkerPool(tmp_path, config=WorkerConfig(project=str(tmp_path)), python=sys.executable)
     with pytest.raises(ConfigError, match="project"):
         Session(pool=WorkerPool(tmp_path), project=tmp_path)
     session = Session(project=tmp_path)  # the project is the workspace unless one is given

@@ -7,8 +7,8 @@ import os
 import sys
 from typing import Any
 
+import ivralo_kernel.cli.history as history
 from ivralo_kernel import __version__
-from ivralo_kernel.cli import history
 from ivralo_kernel.protocol import IvraloError, names
 from ivralo_kernel.protocol.terminal import terminal_safe
 

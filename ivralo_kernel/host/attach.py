@@ -17,6 +17,7 @@ from typing import Any
 
 from jupyter_client.asynchronous.client import AsyncKernelClient
 
+from ivralo_kernel.host.blocking import LoopThread
 from ivralo_kernel.host.outputs import CellOutput, RunError, RunText, effects_in, error_result, with_effects
 from ivralo_kernel.protocol import IvraloError, names
 
@@ -50,6 +51,7 @@ class AttachedSession:
 
     @property
     def is_ivralo(self) -> bool:
+        """Whether the kernel is an ivralo kernel (its ``kernel_info`` has the ``ivralo`` section)."""
         return bool(self.kernel_info.get(names.KERNEL_INFO_SECTION))
 
     @property
@@ -58,6 +60,7 @@ class AttachedSession:
         return dict((self.kernel_info.get(names.KERNEL_INFO_SECTION) or {}).get("layers") or {})
 
     async def open(self) -> AttachedSession:
+        """Connects to the kernel and reads its ``kernel_info``; an ``AttachError`` says why it cannot."""
         try:
             self._client.load_connection_file()
         except (OSError, ValueError, KeyError) as exc:
@@ -121,3 +124,76 @@ class AttachedSession:
             reply = await self._client.get_shell_msg(timeout=READY_TIMEOUT_S)
             if reply["parent_header"].get("msg_id") == msg_id:
                 return dict(reply)
+
+
+class SyncAttachedSession:
+    """``AttachedSession``, blocking (``SyncSession.connect``): ``with SyncSession.connect(path) as s:
+    s.run(code)``. It runs its own event loop on a thread; ``close()`` ends it (the kernel keeps running)."""
+
+    def __init__(self, connection_file: str, timeout_s: float | None = None) -> None:
+        self._loop = LoopThread("ivralo-attached")
+        try:
+            self._session = self._loop.call(_make_attached(connection_file, timeout_s))
+        except BaseException:
+            self._loop.stop()
+            raise
+
+    @property
+    def connection_file(self) -> str:
+        """The kernel's connection file (absolute)."""
+        return self._session.connection_file
+
+    @property
+    def timeout_s(self) -> float | None:
+        """Each run's bound in seconds; None: as long as the cell runs."""
+        return self._session.timeout_s
+
+    @property
+    def kernel_info(self) -> dict[str, Any]:
+        """The kernel's ``kernel_info_reply`` content, once opened."""
+        return self._session.kernel_info
+
+    @property
+    def note(self) -> str | None:
+        """The one thing to know about this kernel's guards (None for an ivralo kernel)."""
+        return self._session.note
+
+    @property
+    def is_ivralo(self) -> bool:
+        """``AttachedSession.is_ivralo``."""
+        return self._session.is_ivralo
+
+    @property
+    def layers(self) -> dict[str, Any]:
+        """``AttachedSession.layers``."""
+        return self._session.layers
+
+    def open(self) -> SyncAttachedSession:
+        """``AttachedSession.open``, blocking."""
+        self._loop.call(self._session.open())
+        return self
+
+    def __enter__(self) -> SyncAttachedSession:
+        try:
+            return self.open()
+        except BaseException:
+            self._loop.stop()
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def run(self, code: str) -> RunText | RunError:
+        """``AttachedSession.run``, blocking."""
+        return self._loop.call(self._session.run(code))
+
+    def close(self) -> None:
+        """``AttachedSession.close``, blocking; then its own loop ends. Calling it again does nothing."""
+        if self._loop.stopped:
+            return
+        self._loop.call(self._session.close())
+        self._loop.stop()
+
+
+async def _make_attached(connection_file: str, timeout_s: float | None) -> AttachedSession:
+    return AttachedSession(connection_file, timeout_s)  # built in the loop's thread: its lock binds there

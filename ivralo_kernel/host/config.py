@@ -39,6 +39,7 @@ class WorkerConfig:
 
     @property
     def settings(self) -> IvraloAgent:
+        """The full settings object these values make (the defaults, the settings files, then these)."""
         settings = self._effective.settings
         assert isinstance(settings, IvraloAgent)
         return settings
@@ -65,6 +66,7 @@ class WorkerConfig:
         return hash(tuple(sorted((k, repr(v)) for k, v in self.as_dict().items())))
 
     def as_dict(self) -> dict[str, Any]:
+        """Every setting's effective value, by name."""
         return {name: value for name, value, _ in self._effective.rows()}
 
     def __repr__(self) -> str:

@@ -32,6 +32,7 @@ import tempfile
 from typing import Any
 
 from ivralo_kernel.protocol import names
+from ivralo_kernel.protocol.errors import IvraloError
 from ivralo_kernel.protocol.policy import default_memory_limit
 from ivralo_kernel.protocol.tables import ARROW_EXTRA, release, unrepresentable
 
@@ -40,15 +41,15 @@ SEGMENT_PREFIX = "seg-"
 _MIB = 1 << 20
 
 
-class ArrowMissingError(ImportError):
+class ArrowMissingError(IvraloError, ImportError):
     """pyarrow (the ``arrow`` extra) is not installed where it is needed."""
 
 
-class UnsupportedValueError(TypeError):
+class UnsupportedValueError(IvraloError, TypeError):
     """The value cannot leave the kernel in a form the host parses without running the kernel's code."""
 
 
-class TransferRefusedError(ValueError):
+class TransferRefusedError(IvraloError, ValueError):
     """What the kernel declared or sent for a transfer is refused: more bytes than the host takes, no
     size at all, or data that is not valid. Nothing was reserved or converted; the worker is untouched."""
 

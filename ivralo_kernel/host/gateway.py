@@ -46,6 +46,7 @@ from tornado.websocket import WebSocketClientConnection, websocket_connect
 from ivralo_kernel.host.config import WorkerConfig
 from ivralo_kernel.host.dataplane import TransferRefusedError, checked_size, decode_segment, ipc_bytes
 from ivralo_kernel.host.escalation import Phase
+from ivralo_kernel.host.off_loop import off_loop
 from ivralo_kernel.host.worker import WorkerSettings
 from ivralo_kernel.protocol import ConfigError, IvraloError, WorkerBootstrapError, names
 
@@ -564,7 +565,7 @@ async def fetch_remote(call: NamespaceCall, envelope: dict[str, Any], cap: int, 
         worker.kc.stop_collecting(comm_id)
     if len(data) != size:
         raise TransferRefusedError(f"{call.operation}: the kernel said {size} bytes and {len(data)} came")
-    return await asyncio.to_thread(decode_segment, envelope, data, len(data))
+    return await off_loop(decode_segment, envelope, data, len(data))
 
 
 async def inject_remote(call: NamespaceCall, name: str, table: Any, kind: str) -> None:
@@ -572,7 +573,7 @@ async def inject_remote(call: NamespaceCall, name: str, table: Any, kind: str) -
     shell (handled in order, before the request that binds it)."""
     worker = call.worker
     assert isinstance(worker, GatewayWorker)
-    data = await asyncio.to_thread(ipc_bytes, table)
+    data = await off_loop(ipc_bytes, table)
     ref = uuid.uuid4().hex
     view = memoryview(data)
     for start in range(0, max(len(view), 1), CHUNK_BYTES):

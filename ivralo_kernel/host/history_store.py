@@ -40,6 +40,16 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from ivralo_kernel.host.history_files import (
+    CREATE,
+    FOLDER,
+    READ,
+    current_file,
+    holds,
+    why_unreadable,
+    write_all,
+    write_atomically,
+)
 from ivralo_kernel.host.history_ledger import (
     HistoryLedger,
     Recorded,
@@ -61,9 +71,6 @@ from ivralo_kernel.protocol.history_index import (
 )
 
 GRACE_S = 2.0  # a change ends this soon after its copy; a later modification is someone else's
-_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
-_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 class HistoryError(IvraloError):
@@ -270,9 +277,11 @@ class HistoryStore:
             )
         try:
             with self._opened_dir() as history:
-                fd = os.open(entry.copy, _READ, dir_fd=history)
+                fd = os.open(entry.copy, READ, dir_fd=history)
         except OSError as exc:
-            raise HistoryError(f"cannot read the copy {entry.copy}: {_why(exc)}. Nothing was changed") from None
+            raise HistoryError(
+                f"cannot read the copy {entry.copy}: {why_unreadable(exc)}. Nothing was changed"
+            ) from None
         with os.fdopen(fd, "rb") as copy:
             st = os.fstat(copy.fileno())
             if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
@@ -329,7 +338,7 @@ class HistoryStore:
         content, mode = self.read(entry)
         result = Restored(entry, rel, len(content))
         now = self.current(entry)
-        if _holds(entry.path, now, content):
+        if holds(entry.path, now, content):
             result.unchanged = True
             return result
         if not force:
@@ -341,10 +350,15 @@ class HistoryStore:
                 )
         folders, name = os.path.split(rel)
         with self._folder(folders, result.created) as parent:
-            now, current = _current(parent, name, rel)
+            try:
+                now, current = current_file(parent, name)
+            except IsADirectoryError:
+                raise HistoryError(
+                    f"{rel} is a folder now, so no file is restored over it. Nothing was changed"
+                ) from None
             if current is not None and now is not None:
                 result.kept = self._keep(entry, current, now)
-            _write_atomically(parent, name, content, mode)
+            write_atomically(parent, name, content, mode)
         return result
 
     def _target(self, entry: Entry) -> str:
@@ -368,7 +382,7 @@ class HistoryStore:
 
     @contextmanager
     def _opened_dir(self) -> Iterator[int]:
-        fd = os.open(self.directory, _DIR)
+        fd = os.open(self.directory, FOLDER)
         try:
             yield fd
         finally:
@@ -378,17 +392,17 @@ class HistoryStore:
     def _folder(self, rel: str, created: list[str]) -> Iterator[int]:
         """A descriptor of the workspace's folder ``rel``, walked without following links; folders
         missing on the way (a tree deleted since) are made again."""
-        fd = os.open(self.workspace, _DIR)
+        fd = os.open(self.workspace, FOLDER)
         try:
             walked = ""
             for part in [p for p in rel.split(os.sep) if p]:
                 walked = os.path.join(walked, part)
                 try:
-                    nxt = os.open(part, _DIR, dir_fd=fd)
+                    nxt = os.open(part, FOLDER, dir_fd=fd)
                 except FileNotFoundError:
                     os.mkdir(part, 0o777, dir_fd=fd)
                     created.append(walked)
-                    nxt = os.open(part, _DIR, dir_fd=fd)
+                    nxt = os.open(part, FOLDER, dir_fd=fd)
                 except OSError as exc:
                     if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
                         raise
@@ -406,9 +420,9 @@ class HistoryStore:
         """Keep the state a restore is about to overwrite, as the write guard keeps a cell's change."""
         kept = new_entry(restoring.path, RESTORE, len(content), restored=restoring.copy)
         with self._opened_dir() as history:
-            fd = os.open(kept.copy, _NEW, 0o600, dir_fd=history)
+            fd = os.open(kept.copy, CREATE, 0o600, dir_fd=history)
             try:
-                _write_all(fd, content)
+                write_all(fd, content)
                 os.fchmod(fd, stat.S_IMODE(now.st_mode) & 0o777)
                 os.utime(fd, ns=(now.st_atime_ns, now.st_mtime_ns))  # as shutil.copy2 keeps them
             finally:
@@ -418,7 +432,7 @@ class HistoryStore:
                 INDEX, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=history
             )
             try:
-                _write_all(index, kept.line().encode("utf-8"))
+                write_all(index, kept.line().encode("utf-8"))
             finally:
                 os.close(index)
             digest = copy_digest(history, kept.copy)
@@ -451,62 +465,3 @@ def entry_dict(store: HistoryStore, entry: Entry) -> dict[str, Any]:
     if entry.restored:
         out["restored"] = entry.restored
     return out
-
-
-def _holds(path: str, now: os.stat_result | None, content: bytes) -> bool:
-    """The file already holds these bytes (then a restore has nothing to do)."""
-    if now is None or not stat.S_ISREG(now.st_mode) or now.st_size != len(content):
-        return False
-    try:
-        with os.fdopen(os.open(path, _READ), "rb") as current:
-            return current.read() == content
-    except OSError:
-        return False
-
-
-def _current(parent: int, name: str, rel: str) -> tuple[os.stat_result | None, bytes | None]:
-    """The file there now: its status (a link's own) and, for a regular file, its bytes."""
-    try:
-        now = os.stat(name, dir_fd=parent, follow_symlinks=False)
-    except FileNotFoundError:
-        return None, None
-    if stat.S_ISDIR(now.st_mode):
-        raise HistoryError(f"{rel} is a folder now, so no file is restored over it. Nothing was changed")
-    if not stat.S_ISREG(now.st_mode):
-        return now, None  # a link or a special file: replaced, not kept (it holds no content of its own)
-    fd = os.open(name, _READ, dir_fd=parent)
-    with os.fdopen(fd, "rb") as current:
-        return now, current.read()
-
-
-def _write_atomically(parent: int, name: str, content: bytes, mode: int) -> None:
-    temp = f".{name}.ivralo-restore-{os.getpid()}-{time.monotonic_ns()}"
-    fd = os.open(temp, _NEW, 0o600, dir_fd=parent)
-    try:
-        try:
-            _write_all(fd, content)
-            os.fchmod(fd, mode)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(temp, name, src_dir_fd=parent, dst_dir_fd=parent)
-    except BaseException:
-        try:
-            os.unlink(temp, dir_fd=parent)
-        except OSError:
-            pass
-        raise
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
-
-
-def _why(exc: OSError) -> str:
-    if exc.errno == errno.ELOOP:
-        return "it is a link, which the write guard never makes"
-    if exc.errno == errno.ENOENT:
-        return "it is gone (pruned, or deleted by hand)"
-    return exc.strerror or str(exc)

@@ -27,6 +27,9 @@ class _OneSpecManager(KernelSpecManager):  # type: ignore[misc]
 
 
 class IvraloKernelManager(AsyncKernelManager):  # type: ignore[misc]
+    """jupyter_client's kernel manager for the ivralo kernel, used by the agent API (``Session``'s
+    workers): its kernels start through ``IvraloProvisioner``, and its pool keeps the spares."""
+
     kernel_name = Unicode(names.KERNEL_NAME)
     ivralo_agent_host = True  # its WorkerPool keeps the agent API's spares: the provisioner's pool stays out
 

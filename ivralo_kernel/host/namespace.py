@@ -19,6 +19,7 @@ from ivralo_kernel.host.worker import Worker
 if TYPE_CHECKING:
     from ivralo_kernel.host.gateway import GatewayWorker
 from ivralo_kernel.protocol import names
+from ivralo_kernel.protocol.errors import IvraloError
 
 # The kernel's data plane, by the hidden name the kernel gives it in every namespace (an import from
 # here would be refused on the hermetic surface, and __import__ by the code gate).
@@ -26,11 +27,11 @@ DATAPLANE = names.DATAPLANE_NAME
 _POLL_S = 0.02
 
 
-class NamespaceTimeoutError(TimeoutError):
+class NamespaceTimeoutError(IvraloError, TimeoutError):
     """A namespace request did not answer in time; the worker and its namespace are untouched."""
 
 
-class NamespaceWorkerLostError(RuntimeError):
+class NamespaceWorkerLostError(IvraloError, RuntimeError):
     """The worker ended while a namespace request was in flight (killed, crashed): its namespace is gone."""
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import psutil
 
-from ivralo_kernel.host import held_memory
+import ivralo_kernel.host.held_memory as held_memory
 from ivralo_kernel.protocol.processes import children_by_parent, descendants_of
 
 GIB = 1 << 30

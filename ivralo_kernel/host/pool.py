@@ -28,6 +28,7 @@ import psutil
 from ivralo_kernel.host.config import WorkerConfig
 from ivralo_kernel.host.interpreters import KernelLaunch, plan
 from ivralo_kernel.host.observer import human_bytes
+from ivralo_kernel.host.off_loop import off_loop
 from ivralo_kernel.host.worker import Worker, WorkerSettings
 from ivralo_kernel.protocol import ConfigError, IvraloError
 
@@ -61,9 +62,15 @@ def available_memory() -> int:
 
 
 class WorkerPool:
+    """Workers (guarded kernels) for sessions to share: ready spares kept warm (``prewarm_pool_size``),
+    at most ``max_workers`` at once, idle ones ended after ``idle_ttl_seconds``. ``async with
+    WorkerPool(workspace, config=...) as pool``, then ``Session(pool=pool)``. Parameters after
+    ``workspace`` by keyword: ``config``, ``role``, ``python`` (as ``Session``'s)."""
+
     def __init__(
         self,
         workspace: str | os.PathLike[str] = ".",
+        *,
         config: WorkerConfig | None = None,
         role: str | None = None,
         python: str | None = None,
@@ -138,7 +145,7 @@ class WorkerPool:
         """The interpreter this pool's kernels run (found once: discovery and its probe start processes)."""
         async with self._planning:
             if self.settings.launch is None:
-                launch = await asyncio.to_thread(plan, self.config.project, self.settings.python)
+                launch = await off_loop(plan, self.config.project, self.settings.python)
                 self.settings = dataclasses.replace(self.settings, launch=launch)
             assert self.settings.launch is not None
             return self.settings.launch

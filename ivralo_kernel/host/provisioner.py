@@ -9,7 +9,6 @@ can clean up and leaves ``setsid`` children behind.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import glob
 import ipaddress
@@ -45,6 +44,7 @@ from ivralo_kernel.host.escalation import DeadlinePolicy
 from ivralo_kernel.host.history_ledger import HistoryRecorder
 from ivralo_kernel.host.kernel_output import relay_output
 from ivralo_kernel.host.kernelspec import SUPERVISOR_MODULE
+from ivralo_kernel.host.off_loop import off_loop
 from ivralo_kernel.host.prewarm import PER_KERNEL_ENV, SPARE_FLAG, Recipe, Spare, SpareKey, fingerprint
 from ivralo_kernel.host.processes import find_in_tree, host_pid
 from ivralo_kernel.host.sandbox import SandboxUnavailable, choose_bwrap, dotenv_for_kernel, prepare_workspace
@@ -119,6 +119,7 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
     _spare_env: dict[str, str] | None = None
 
     def policy_for(self, cwd: str) -> KernelPolicy:
+        """The launch policy the supervisor enforces, from these settings (the workspace: ``cwd`` if none)."""
         return KernelPolicy(
             workspace=os.path.realpath(self.workspace or cwd),
             role=self.role,
@@ -140,6 +141,7 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
         )
 
     def watchdog_settings(self) -> WatchdogSettings:
+        """What the host's watchdog enforces for this kernel: the deadline and the memory limits."""
         deadline = None
         if self.deadline_ms is not None:
             deadline = DeadlinePolicy(self.deadline_ms, self.interrupt_before_kill, self.interrupt_grace_ms)
@@ -154,6 +156,8 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
         )
 
     async def pre_launch(self, **kwargs: Any) -> dict[str, Any]:
+        """jupyter_client's step before the launch: adopts a ready spare, or builds the sandboxed command
+        (the policy, the sandbox, the exchange folder, the broker and the relay)."""
         spare_of = kwargs.pop(SPARE_FLAG, None)
         self.is_spare = spare_of is not None
         if not self._launched:
@@ -497,6 +501,8 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
         )
 
     async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> Any:
+        """Starts the kernel's tree (in the sandbox when there is one), its output on pipes; a spare's
+        kernel runs already. Returns the connection info."""
         if self._adopting is not None:  # the spare's kernel runs already
             return self.connection_info
         # Pipes, never the host's own descriptors: code in the kernel could otherwise write, seek or
@@ -518,7 +524,7 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
             info = await super().launch_kernel(cmd, **{**kwargs, "env": env, "pass_fds": pass_fds})
             process = self.process
             assert process is not None
-            failure = await asyncio.get_running_loop().run_in_executor(None, start.wait, process, cmd[0])
+            failure = await off_loop(start.wait, process, cmd[0])
         finally:
             start.close()
         if failure is None:
@@ -550,6 +556,7 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
         return info
 
     async def post_launch(self, **kwargs: Any) -> None:
+        """After the launch: starts the watchdog, lets go of an adopted spare's files, tops up the spares."""
         await super().post_launch(**kwargs)
         self._start_watchdog()
         if self._adopting is not None:
@@ -602,6 +609,7 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
         os.killpg(process.pid, signal.SIGINT)
 
     async def poll(self) -> int | None:
+        """The kernel's exit code, or None while it runs (or is being replaced after a kill)."""
         if self._replacing:  # between the kill and the relaunch the kernel is not dead, it is being replaced
             return None
         return await super().poll()
@@ -670,8 +678,9 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
                 process.kill()
 
     async def kill(self, restart: bool = False) -> None:
+        """Ends the kernel's whole tree now (no grace)."""
         try:
-            await asyncio.get_running_loop().run_in_executor(None, self.kill_tree_now)
+            await off_loop(self.kill_tree_now)
         except RuntimeError:  # "cannot schedule new futures after interpreter shutdown": an atexit hook
             self.kill_tree_now()
 
@@ -682,6 +691,8 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
                 os.kill(self.supervisor_pid() or self.process.pid, signal.SIGTERM)
 
     async def send_signal(self, signum: int) -> None:
+        """Sends ``signum`` to the kernel: SIGKILL ends the tree; in the sandbox, others go to the
+        supervisor, never to bwrap's group."""
         if signum == signal.SIGKILL:
             await self.kill()
             return
@@ -722,6 +733,8 @@ class IvraloProvisioner(LocalProvisioner, IvraloSettings):  # type: ignore[misc,
             self.broker.grants = grants
 
     async def cleanup(self, restart: bool = False) -> None:
+        """Releases the kernel's resources once its tree is gone (the watchdog, the broker, the history,
+        the policy file...); a restart keeps what the next kernel reuses."""
         if self.watchdog is not None:
             self.watchdog.stop()
         if self.broker is not None and not restart:

@@ -36,7 +36,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ivralo_kernel.host import sandbox_limits
+import ivralo_kernel.host.sandbox_limits as sandbox_limits
 from ivralo_kernel.host.closed_paths import TOOL_FILES_DEFAULT, Placeholder, placeholder_for
 from ivralo_kernel.protocol import database_env_names, names, scrub
 from ivralo_kernel.protocol.credentials import ScrubRule, config_home, credential_store_paths, home_config_inside

@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-from ivralo_kernel.host import sandbox_limits
+import ivralo_kernel.host.sandbox_limits as sandbox_limits
 from ivralo_kernel.host.closed_paths import WorkspaceClaim
 from ivralo_kernel.host.kernel_output import printable
 from ivralo_kernel.host.sandbox import SandboxPlan, prepare_workspace

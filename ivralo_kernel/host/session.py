@@ -19,12 +19,12 @@ import logging
 import math
 import os
 import queue
-import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from ivralo_kernel.host.blocking import LoopThread
 from ivralo_kernel.host.code_gate import DONE_WITH_ERRORS, gate_refusal, is_refusal
 from ivralo_kernel.host.config import WorkerConfig
 from ivralo_kernel.host.dataplane import (
@@ -49,6 +49,7 @@ from ivralo_kernel.host.namespace import (
     NamespaceWorkerLostError,
     WorkerGone,
 )
+from ivralo_kernel.host.off_loop import off_loop
 from ivralo_kernel.host.outputs import CellOutput, effects_in, error_result, lost_names_message, with_effects
 from ivralo_kernel.host.pool import HostMemoryError, WorkerPool, WorkerPoolExhaustedError, available_memory
 from ivralo_kernel.host.test_runs import RUNNERS, run_report, runner_cell
@@ -59,7 +60,7 @@ from ivralo_kernel.protocol.messages import Effects
 from ivralo_kernel.protocol.processes import describe_exit
 
 if TYPE_CHECKING:
-    from ivralo_kernel.host.attach import AttachedSession
+    from ivralo_kernel.host.attach import AttachedSession, SyncAttachedSession
 
 __all__ = ["NamespaceTimeoutError", "NamespaceWorkerLostError", "RunResult", "Session", "SyncSession"]
 RunResult = str | dict[str, str]
@@ -89,11 +90,32 @@ class Session:
 
     Give ``pool=`` to share prewarmed workers between sessions (the pool's workspace, config and
     role then apply); without it the session starts its own worker on the first call.
+
+    Parameters (all but ``workspace`` by keyword):
+
+    - ``workspace``: the folder the kernel works in and may write (default: ``project`` if given,
+      else the current folder).
+    - ``config``: a ``WorkerConfig`` (deadline, memory, network, code gate...); default: the
+      settings files' values.
+    - ``role``: what the kernel may do ("readonly" restores nothing, for example); default: the
+      config's role.
+    - ``grants``: the brokered operations' grants (``ivralo.call``/``ivralo.sql``) this session has.
+    - ``ask``: ``async (question, choices) -> answer``, asked when code reaches a host not yet
+      allowed; None: no one to ask, so the answer is no.
+    - ``approve``: ``async (code) -> bool``, asked before each run; False refuses it.
+    - ``surface``: "project" (the project's packages) or "hermetic" (the standard library only).
+    - ``gateway_url``: run the kernels on this Kernel Gateway (``?token=`` in it, or
+      ``JUPYTER_GATEWAY_AUTH_TOKEN``) instead of this machine.
+    - ``python``: the interpreter that runs the kernel (a path or a name on PATH).
+    - ``project``: the project whose interpreter and packages the kernel uses.
+    - ``pool``: a ``WorkerPool`` whose workers the session uses (then give neither config, role,
+      python nor project).
     """
 
     def __init__(
         self,
         workspace: str | os.PathLike[str] | None = None,
+        *,
         config: WorkerConfig | None = None,
         role: str | None = None,
         grants: tuple[str, ...] = (),
@@ -101,7 +123,6 @@ class Session:
         approve: Callable[[str], Awaitable[bool]] | None = None,
         surface: str | None = None,
         gateway_url: str | None = None,
-        *,
         python: str | None = None,
         project: str | os.PathLike[str] | None = None,
         pool: WorkerPool | None = None,
@@ -130,7 +151,7 @@ class Session:
             _check_gateway(pool, grants, python, project)
             self._pool: WorkerPool | GatewayPool = GatewayPool(gateway_url, os.fspath(workspace), config, role)
         else:
-            self._pool = pool or WorkerPool(workspace, config, role, python)
+            self._pool = pool or WorkerPool(workspace, config=config, role=role, python=python)
         self._owns_pool = pool is None
         self.workspace = self._pool.settings.workspace
         self.config = self._pool.config
@@ -166,6 +187,8 @@ class Session:
 
     @property
     def kernel_info(self) -> dict[str, Any]:
+        """The kernel's ``kernel_info_reply`` content (its ``ivralo`` section: layers, interpreter), once
+        a worker started; else empty."""
         return self._worker.kernel_info if self._worker else {}
 
     @property
@@ -175,10 +198,13 @@ class Session:
 
     @property
     def supervisor_pid(self) -> int | None:
+        """Pid of the kernel's supervisor (the process that holds its limits), once it is ready."""
         return self._worker.supervisor_pid if self._worker else None
 
     @property
     def watchdog(self) -> Watchdog | RemoteDeadline | None:
+        """What enforces the running worker's deadline (the provisioner's watchdog, or a gateway
+        kernel's), or None before a worker started."""
         return self._worker.watchdog if self._worker else None
 
     async def run(self, code: str) -> RunResult:
@@ -202,7 +228,7 @@ class Session:
                 worker.last_used = time.monotonic()
             recorder = self._history_recorder()
             if recorder is not None and recorder.changed():  # its copies recorded before the caller looks
-                await asyncio.to_thread(recorder.record)
+                await off_loop(recorder.record)
             return with_effects(self._with_notes(result, worker), self._effects)
 
     async def _ensure_started(self) -> AnyWorker:
@@ -443,7 +469,7 @@ class Session:
         changes: dict[str, Any] = {"surface": runner, "code_gate": False, "prewarm_pool_size": 0}
         if runner != self.surface:  # the hermetic surface has no project; a hermetic session had none
             changes["project"] = None
-        pool = WorkerPool(self.workspace, self.config.replace(**changes), self.role)
+        pool = WorkerPool(self.workspace, config=self.config.replace(**changes), role=self.role)
         try:
             if runner == names.SURFACE_PROJECT:
                 try:
@@ -504,8 +530,8 @@ class Session:
         try:
             written = json.loads(await call.value(f"{DATAPLANE}.write({path!r}, {capacity})"))
             length = checked_size(call.operation, written, "size", capacity, "the segment the host reserved")
-            data = await asyncio.to_thread(exchange.read, length)
-            return await asyncio.to_thread(decode_segment, envelope, data, length)
+            data = await off_loop(exchange.read, length)
+            return await off_loop(decode_segment, envelope, data, length)
         except BaseException:
             exchange.discard()  # a late answer may still write: into a segment nobody reads again
             raise
@@ -577,7 +603,7 @@ class Session:
             exchange = self._exchange(call.worker)
             path, capacity = exchange.reserve(size)
             try:
-                length = await asyncio.to_thread(exchange.write_table, table)
+                length = await off_loop(exchange.write_table, table)
                 await call.value(f"{DATAPLANE}.receive({name!r}, {path!r}, {capacity}, {length}, {kind!r})")
             except BaseException:
                 exchange.discard()
@@ -596,7 +622,7 @@ class Session:
             self._record_history()
             return [entry_dict(store, e) for e in store.listing(path, base=store.workspace)]
 
-        return await asyncio.to_thread(listed)
+        return await off_loop(listed)
 
     async def restore(self, target: str, *, at: str | None = None, force: bool = False) -> dict[str, Any]:
         """Put a kept copy back, byte for byte: ``target`` is its ID, or with ``at`` (a time) a file's
@@ -618,7 +644,7 @@ class Session:
                 entry = store.find(target)
             return store.restore(entry, force=force, force_flag="force=True").as_dict()
 
-        return await asyncio.to_thread(restored)
+        return await off_loop(restored)
 
     def _history_recorder(self) -> HistoryRecorder | None:
         """The host's recorder of the worker's history (its provisioner's), if it has one here."""
@@ -690,16 +716,34 @@ def _names_from(expression_result: dict[str, Any] | None) -> list[str]:
 
 
 class SyncSession:
-    """The same session for scripts: every method blocks. Runs its own event loop in a thread."""
+    """The same session for scripts: every method and property of ``Session``, each call blocking
+    until it is done (``with SyncSession(workspace) as s: s.run(code)``). Its parameters are
+    ``Session``'s. It runs its own event loop on a thread (tests/test_host_api.py keeps the two in step).
+    """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="ivralo-session", daemon=True)
-        self._thread.start()
-        self._session: Session = self._call(_make_session(*args, **kwargs))
+    def __init__(
+        self,
+        workspace: str | os.PathLike[str] | None = None,
+        *,
+        config: WorkerConfig | None = None,
+        role: str | None = None,
+        grants: tuple[str, ...] = (),
+        ask: Callable[[str, tuple[str, ...]], Awaitable[str]] | None = None,
+        approve: Callable[[str], Awaitable[bool]] | None = None,
+        surface: str | None = None,
+        gateway_url: str | None = None,
+        python: str | None = None,
+        project: str | os.PathLike[str] | None = None,
+        pool: WorkerPool | None = None,
+    ) -> None:
+        self._loop = LoopThread("ivralo-session")
+        given: dict[str, Any] = dict(config=config, role=role, grants=grants, ask=ask, approve=approve)
+        given.update(surface=surface)
+        given.update(gateway_url=gateway_url, python=python, project=project, pool=pool)
+        self._session: Session = self._call(_make_session(workspace, **given))
 
     def _call(self, coro: Coroutine[Any, Any, T]) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+        return self._loop.call(coro)
 
     def __enter__(self) -> SyncSession:
         return self
@@ -707,57 +751,140 @@ class SyncSession:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def run(self, code: str) -> RunResult:
-        return self._call(self._session.run(code))
+    @staticmethod
+    def connect(connection_file: str, timeout_s: float | None = None) -> SyncAttachedSession:
+        """``Session.connect``, blocking: ``with SyncSession.connect(path) as s: s.run(code)``."""
+        from ivralo_kernel.host.attach import SyncAttachedSession
 
-    def list_vars(self) -> list[str]:
-        return self._call(self._session.list_vars())
+        return SyncAttachedSession(connection_file, timeout_s)
 
-    def get_var(self, name: str, *, or_repr: bool = False) -> Any:
-        return self._call(self._session.get_var(name, or_repr=or_repr))
+    @property
+    def workspace(self) -> str:
+        """The folder the kernel works in (absolute)."""
+        return self._session.workspace
 
-    def get_dataframe(self, name: str) -> Any:
-        return self._call(self._session.get_dataframe(name))
+    @property
+    def config(self) -> WorkerConfig:
+        """The settings the session's kernels run with."""
+        return self._session.config
 
-    def inject_dataframe(self, name: str, frame: Any) -> None:
-        self._call(self._session.inject_dataframe(name, frame))
+    @property
+    def role(self) -> str:
+        """The role the session's kernels run as (what they may do)."""
+        return self._session.role
 
-    def set_var(self, name: str, value: Any) -> None:
-        self._call(self._session.set_var(name, value))
+    @property
+    def grants(self) -> tuple[str, ...]:
+        """The brokered operations' grants given to this session."""
+        return self._session.grants
 
-    def snapshot(self) -> dict[str, dict[str, Any]]:
-        return self._call(self._session.snapshot())
+    @property
+    def ask(self) -> Callable[[str, tuple[str, ...]], Awaitable[str]] | None:
+        """The callback that answers the egress question, or None."""
+        return self._session.ask
 
-    def apropos(self, word: str) -> str:
-        return self._call(self._session.apropos(word))
+    @property
+    def approve(self) -> Callable[[str], Awaitable[bool]] | None:
+        """The callback that approves each cell before it runs, or None."""
+        return self._session.approve
 
-    def doc(self, name: str) -> str:
-        return self._call(self._session.doc(name))
+    @property
+    def surface(self) -> str:
+        """The surface the session's kernels offer ("project" or "hermetic")."""
+        return str(self._session.surface)
 
-    def reset(self) -> None:
-        self._call(self._session.reset())
+    @property
+    def gateway_url(self) -> str | None:
+        """The Kernel Gateway the kernels run on, or None (on this machine)."""
+        return self._session.gateway_url
 
-    def interrupt(self) -> dict[str, str] | None:
-        return self._call(self._session.interrupt())
-
-    def history(self, path: str | None = None) -> list[dict[str, Any]]:
-        return self._call(self._session.history(path))
-
-    def restore(self, target: str, *, at: str | None = None, force: bool = False) -> dict[str, Any]:
-        return self._call(self._session.restore(target, at=at, force=force))
+    @property
+    def kernel_info(self) -> dict[str, Any]:
+        """``Session.kernel_info``."""
+        return self._session.kernel_info
 
     @property
     def pid(self) -> int | None:
+        """``Session.pid``."""
         return self._session.pid
 
+    @property
+    def supervisor_pid(self) -> int | None:
+        """``Session.supervisor_pid``."""
+        return self._session.supervisor_pid
+
+    @property
+    def watchdog(self) -> Watchdog | RemoteDeadline | None:
+        """``Session.watchdog``."""
+        return self._session.watchdog
+
+    def run(self, code: str) -> RunResult:
+        """``Session.run``, blocking."""
+        return self._call(self._session.run(code))
+
+    def run_tests(self, path: str = ".", runner: str | None = None, args: tuple[str, ...] = ()) -> dict[str, Any]:
+        """``Session.run_tests``, blocking."""
+        return self._call(self._session.run_tests(path, runner, args))
+
+    def interpreter(self) -> str:
+        """``Session.interpreter``, blocking."""
+        return self._call(self._session.interpreter())
+
+    def list_vars(self) -> list[str]:
+        """``Session.list_vars``, blocking."""
+        return self._call(self._session.list_vars())
+
+    def get_var(self, name: str, *, or_repr: bool = False) -> Any:
+        """``Session.get_var``, blocking."""
+        return self._call(self._session.get_var(name, or_repr=or_repr))
+
+    def get_dataframe(self, name: str) -> Any:
+        """``Session.get_dataframe``, blocking."""
+        return self._call(self._session.get_dataframe(name))
+
+    def inject_dataframe(self, name: str, frame: Any) -> None:
+        """``Session.inject_dataframe``, blocking."""
+        self._call(self._session.inject_dataframe(name, frame))
+
+    def set_var(self, name: str, value: Any) -> None:
+        """``Session.set_var``, blocking."""
+        self._call(self._session.set_var(name, value))
+
+    def snapshot(self) -> dict[str, dict[str, Any]]:
+        """``Session.snapshot``, blocking."""
+        return self._call(self._session.snapshot())
+
+    def apropos(self, word: str) -> str:
+        """``Session.apropos``, blocking."""
+        return self._call(self._session.apropos(word))
+
+    def doc(self, name: str) -> str:
+        """``Session.doc``, blocking."""
+        return self._call(self._session.doc(name))
+
+    def reset(self) -> None:
+        """``Session.reset``, blocking."""
+        self._call(self._session.reset())
+
+    def interrupt(self) -> dict[str, str] | None:
+        """``Session.interrupt``, blocking."""
+        return self._call(self._session.interrupt())
+
+    def history(self, path: str | None = None) -> list[dict[str, Any]]:
+        """``Session.history``, blocking."""
+        return self._call(self._session.history(path))
+
+    def restore(self, target: str, *, at: str | None = None, force: bool = False) -> dict[str, Any]:
+        """``Session.restore``, blocking."""
+        return self._call(self._session.restore(target, at=at, force=force))
+
     def close(self) -> None:
-        if self._loop.is_closed():
+        """``Session.close``, blocking; then the session's own loop ends. Calling it again does nothing."""
+        if self._loop.stopped:
             return
         self._call(self._session.close())
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join()
-        self._loop.close()
+        self._loop.stop()
 
 
-async def _make_session(*args: Any, **kwargs: Any) -> Session:
-    return Session(*args, **kwargs)  # built inside the loop thread: its lock binds to that loop
+async def _make_session(workspace: str | os.PathLike[str] | None, **kwargs: Any) -> Session:
+    return Session(workspace, **kwargs)  # built inside the loop thread: its lock binds to that loop

@@ -26,7 +26,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ivralo_kernel.kernel.broker_client import BROKER, BrokerUnavailable
+from ivralo_kernel.kernel.broker_calls import ANSWER_TIMEOUT_S as ANSWER_TIMEOUT_S  # still ivralo.ANSWER_TIMEOUT_S
+from ivralo_kernel.kernel.broker_calls import CATALOG_TIMEOUT_S, BrokerError, BrokerRefused
+from ivralo_kernel.kernel.broker_calls import ask as _ask
 from ivralo_kernel.protocol import names
 
 __all__ = [
@@ -41,19 +43,6 @@ __all__ = [
     "operations",
     "sql",
 ]
-
-# The host bounds each call itself (an operation's timeout, a database's); this only ends a wait
-# for a host that went away.
-ANSWER_TIMEOUT_S = 300.0
-CATALOG_TIMEOUT_S = 10.0
-
-
-class BrokerError(RuntimeError):
-    """The host could not make the call (it failed, or no ivralo host is attached)."""
-
-
-class BrokerRefused(BrokerError, PermissionError):
-    """The host will not make this call: no grant for it, an unknown name, or bad parameters."""
 
 
 class ApiResponse:
@@ -74,25 +63,6 @@ class ApiResponse:
 
     def __repr__(self) -> str:
         return f"<ApiResponse {self.operation}: HTTP {self.status}, {self.content_type or 'no content type'}>"
-
-
-def _ask(kind: str, payload: dict[str, Any], timeout: float = ANSWER_TIMEOUT_S) -> dict[str, Any]:
-    __tracebackhide__ = True  # IPython shows the user's line and the error, not this module's frames
-    try:
-        answer = BROKER.ask(kind, payload, timeout)
-    except BrokerUnavailable as exc:
-        raise BrokerError(str(exc)) from None
-    except TimeoutError as exc:
-        raise BrokerError(f"{exc}; the host may have stopped: restart the kernel") from None
-    if isinstance(answer.get("record"), dict):
-        BROKER.records.append(answer["record"])
-    if not answer.get("ok"):
-        reason = str(answer.get("error") or answer.get("reason") or "refused by the host")
-        if answer.get("refused"):
-            raise BrokerRefused(reason)
-        raise BrokerError(reason)
-    result = answer.get("result")
-    return result if isinstance(result, dict) else {}
 
 
 def call(operation: str, /, **params: Any) -> ApiResponse:
@@ -156,7 +126,7 @@ def apropos(word: str) -> str:
     hosts code may reach, importable modules (``%apropos WORD`` prints it)."""
     from ivralo_kernel.kernel.surface_magics import apropos as offered
 
-    return offered(word)
+    return offered(word, _helpers())
 
 
 def doc(name: str) -> str:
@@ -164,7 +134,13 @@ def doc(name: str) -> str:
     surface (``%doc NAME`` prints it)."""
     from ivralo_kernel.kernel.surface_magics import doc as described
 
-    return described(name)
+    return described(name, _helpers())
+
+
+def _helpers() -> dict[str, Any]:
+    """The helpers by name (``__all__``), handed to ``%apropos``/``%doc`` as a value so that
+    surface_magics need not import this module back."""
+    return {name: globals()[name] for name in __all__}
 
 
 def hosts() -> list[str]:

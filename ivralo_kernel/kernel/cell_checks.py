@@ -30,14 +30,12 @@ HERMETIC_PIP = (
 )
 
 
-class SecurityError(errors.SecurityError, InputRejected):
-    """The protocol's ``SecurityError`` (a PermissionError), as IPython's ``InputRejected``: the cell
-    does not run and its reply is an error named ``SecurityError``."""
-
-    def _render_traceback_(self) -> list[str]:
-        """IPython's hook for an exception's own traceback: the sentence alone (no line of the cell
-        ran, and the frames are IPython's and ours)."""
-        return [f"{type(self).__name__}: {self}"]
+# IPython stops a cell only on its ``InputRejected`` (``transform_ast`` unregisters a transformer that
+# raises anything else), and the protocol may not import IPython: so in the kernel the one
+# ``SecurityError`` (a PermissionError) is an ``InputRejected`` too. Its reply is an error named
+# ``SecurityError``, and ``except SecurityError`` catches it.
+if not issubclass(errors.SecurityError, InputRejected):
+    errors.SecurityError.__bases__ = (*errors.SecurityError.__bases__, InputRejected)
 
 
 class CellChecks(ast.NodeTransformer):
@@ -53,7 +51,7 @@ class CellChecks(ast.NodeTransformer):
             denial = check_tree(node, self.gate)
         if denial is not None:
             self.refusals += 1
-            raise SecurityError(denial.message(), rule=denial.rule)
+            raise errors.SecurityError(denial.message(), rule=denial.rule)
         return node
 
 

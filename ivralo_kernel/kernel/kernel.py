@@ -25,16 +25,20 @@ from ipykernel.ipkernel import IPythonKernel
 from traitlets import Type
 
 import ivralo_kernel.guards as guards_package
+import ivralo_kernel.kernel.api as api  # the submodules, not this package's namespace (which loads this module)
+import ivralo_kernel.kernel.dataplane as dataplane
+import ivralo_kernel.kernel.own_ports as own_ports
+import ivralo_kernel.kernel.surface_magics as surface_magics
 from ivralo_kernel import __version__, compat
 from ivralo_kernel.guards.network import hosts_tried_line
-from ivralo_kernel.kernel import api, dataplane, own_ports, surface_magics
 from ivralo_kernel.kernel.broker_client import BROKER, HOST_CONNECT_TIMEOUT_S
-from ivralo_kernel.kernel.cell_checks import SecurityError, install_cell_checks, make_hermetic
+from ivralo_kernel.kernel.cell_checks import install_cell_checks, make_hermetic
 from ivralo_kernel.kernel.deadline import DeadlineNotices, InKernelWatchdog, SupervisorBackstop, interrupt_cell
 from ivralo_kernel.kernel.effects import EffectsRecorder
 from ivralo_kernel.kernel.launch_state import STATE
 from ivralo_kernel.kernel.pip_magic import guarded_pip
 from ivralo_kernel.protocol import names
+from ivralo_kernel.protocol.errors import SecurityError
 from ivralo_kernel.protocol.messages import BrokerRequest, CallRecord, Effects
 
 # Which Python this is and why the host chose it (read before any cell could change the variable).
@@ -83,7 +87,9 @@ class IvraloKernel(compat.KernelOverrides, IPythonKernel):
         original_pip = self.shell.find_line_magic("pip")
         if original_pip is not None and STATE.workspace:
             self.shell.register_magic_function(guarded_pip(original_pip, STATE.workspace), "line", "pip")
-        surface_magics.register(self.shell)  # %apropos WORD, %doc NAME
+        surface_magics.register(
+            self.shell, {name: getattr(api, name) for name in api.__all__}
+        )  # %apropos WORD, %doc NAME
         # The broker's API, ready in every cell as `ivralo` (help(ivralo)); hidden from %who and
         # the namespace API, like IPython's own names.
         self.shell.push({"ivralo": api, names.DATAPLANE_NAME: dataplane}, interactive=False)

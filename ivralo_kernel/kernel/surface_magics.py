@@ -10,9 +10,10 @@ import importlib.util
 import inspect
 import pkgutil
 import sys
+from collections.abc import Mapping
 from typing import Any
 
-from ivralo_kernel.kernel import api
+import ivralo_kernel.kernel.broker_calls as broker_calls
 from ivralo_kernel.kernel.launch_state import STATE
 from ivralo_kernel.protocol import names
 
@@ -26,8 +27,8 @@ def _surface() -> str:
 def _catalog() -> dict[str, Any] | str:
     """The host's catalog, or why there is none (no host attached: VS Code's raw launch)."""
     try:
-        return api._ask(names.BROKER_CATALOG, {}, api.CATALOG_TIMEOUT_S)
-    except api.BrokerError as exc:
+        return broker_calls.ask(names.BROKER_CATALOG, {}, broker_calls.CATALOG_TIMEOUT_S)
+    except broker_calls.BrokerError as exc:
         return str(exc)
 
 
@@ -42,15 +43,17 @@ def _first_line(text: str | None) -> str:
     return (text or "").strip().splitlines()[0] if (text or "").strip() else "no description"
 
 
-def apropos(word: str) -> str:
+def apropos(word: str, helpers: Mapping[str, Any]) -> str:
+    """``%apropos WORD``: ``helpers`` (``api.__all__``'s), operations, databases, hosts and modules
+    matching WORD."""
     word = word.strip().lower()
     lines = [f"What this kernel offers ({_surface()} surface) matching {word!r}:"]
-    helpers = [
-        f"  ivralo.{n}: {_first_line(getattr(api, n).__doc__)}"
-        for n in api.__all__
-        if word in n.lower() or word in (getattr(api, n).__doc__ or "").lower()
+    matched = [
+        f"  ivralo.{n}: {_first_line(item.__doc__)}"
+        for n, item in helpers.items()
+        if word in n.lower() or word in (item.__doc__ or "").lower()
     ]
-    lines += ["helpers:", *(helpers or ["  (none)"])]
+    lines += ["helpers:", *(matched or ["  (none)"])]
     catalog = _catalog()
     if isinstance(catalog, str):
         lines.append(f"operations, databases, hosts: unknown here ({catalog})")
@@ -78,11 +81,13 @@ def apropos(word: str) -> str:
     return "\n".join(lines)
 
 
-def doc(name: str) -> str:
+def doc(name: str, helpers: Mapping[str, Any]) -> str:
+    """``%doc NAME``: what NAME is among ``helpers`` (``api.__all__``'s), the host's catalog and the
+    importable modules."""
     name = name.strip()
     helper = name.removeprefix("ivralo.")
-    if helper in api.__all__:
-        item = getattr(api, helper)
+    if helper in helpers:
+        item = helpers[helper]
         signature = str(inspect.signature(item)) if callable(item) and not inspect.isclass(item) else ""
         return f"ivralo.{helper}{signature}\n\n{inspect.getdoc(item) or 'no description'}"
     catalog = _catalog()
@@ -107,6 +112,7 @@ def doc(name: str) -> str:
     )
 
 
-def register(shell: Any) -> None:
-    shell.register_magic_function(lambda line: print(apropos(line)), "line", "apropos")
-    shell.register_magic_function(lambda line: print(doc(line)), "line", "doc")
+def register(shell: Any, helpers: Mapping[str, Any]) -> None:
+    """Registers ``%apropos`` and ``%doc`` on ``shell``, describing ``helpers``."""
+    shell.register_magic_function(lambda line: print(apropos(line, helpers)), "line", "apropos")
+    shell.register_magic_function(lambda line: print(doc(line, helpers)), "line", "doc")

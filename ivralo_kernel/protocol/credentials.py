@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from ivralo_kernel.protocol import names
+import ivralo_kernel.protocol.names as names  # the module, not this package (which imports this one)
 from ivralo_kernel.protocol.config_files import read_json_file
 
 SECRET_SUFFIXES = ("_KEY", "_TOKEN", "_SECRET", "_AUTH")

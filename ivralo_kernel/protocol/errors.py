@@ -1,19 +1,32 @@
 """[protocol] The exception tree shared by every room. Each class sits under the nearest builtin,
-so code that catches ``ValueError`` or ``RuntimeError`` keeps working::
+so code that catches ``ValueError`` or ``RuntimeError`` keeps working. Every error ivralo raises on
+purpose is an ``IvraloError``; the host's API exports each one (``ivralo_kernel.host``)::
 
     IvraloError
-     ├── ConfigError(ValueError)            a setting is wrong; names the field and the fix
-     ├── KernelSpecError(ValueError)        an install request cannot be honoured
-     ├── WorkerBootstrapError(RuntimeError) a kernel did not become ready; names pid, budget, log
-     ├── GuardRefusal(PermissionError)      a guard refused an operation; names what and why
-     ├── SecurityError(PermissionError)     the code gate (or the hermetic surface) refused code before it ran
- ├── TrustGateError(ImportError)        the folder is not trusted, so its own code is not imported
- └── HermeticImportError(ModuleNotFoundError)  the hermetic surface imports the standard library only
-"""
+     ├── ConfigError(ValueError)                  a setting is wrong; names the field and the fix
+     ├── KernelSpecError(ValueError)              an install request cannot be honoured
+     ├── WorkerBootstrapError(RuntimeError)       a kernel did not become ready; names pid, budget, log
+     │    └── InterpreterError                    host.interpreters: a project's Python cannot run the kernel
+     ├── GuardRefusal(PermissionError)            a guard refused an operation; names what and why
+     ├── SecurityError(PermissionError)           the code gate or the hermetic surface refused code
+     │                                            (in the kernel also IPython's InputRejected, which stops a cell)
+     ├── TrustGateError(ImportError)              the folder is not trusted, so its own code is not imported
+     ├── HermeticImportError(ModuleNotFoundError) the hermetic surface imports the standard library only
+     ├── WorkerPoolExhaustedError(RuntimeError)   host.pool: every allowed worker is in use
+     ├── HostMemoryError(MemoryError)             host.pool: too little memory to start another worker
+     ├── NamespaceTimeoutError(TimeoutError)      host.namespace: a namespace request did not answer in time
+     ├── NamespaceWorkerLostError(RuntimeError)   host.namespace: the worker ended during a namespace request
+     ├── ArrowMissingError(ImportError)           host.dataplane: pyarrow is not installed where it is needed
+     ├── UnsupportedValueError(TypeError)         host.dataplane: the value cannot leave the kernel as data
+     ├── TransferRefusedError(ValueError)         host.dataplane: a transfer's size or data is refused
+     ├── HistoryError                             host.history_store: a copy cannot be found, read or restored
+     │    └── NewerChangeError                    the file changed after the change the copy undoes
+     ├── GatewayError                             host.gateway: the gateway refused a request, or is not there
+     └── AttachError                              host.attach: a connection file cannot be used"""
 
 from __future__ import annotations
 
-from ivralo_kernel.protocol import audience
+import ivralo_kernel.protocol.audience as audience  # the module, not this package (which imports this one)
 
 
 class IvraloError(Exception):
@@ -71,6 +84,11 @@ class SecurityError(IvraloError, PermissionError):
 
     def __str__(self) -> str:
         return str(self.args[1])
+
+    def _render_traceback_(self) -> list[str]:
+        """IPython's hook for an exception's own traceback (IPython need not be imported to offer it):
+        the sentence alone, since no line of the cell ran and the frames are IPython's and ours."""
+        return [f"{SecurityError.__name__}: {self}"]
 
 
 class HermeticImportError(IvraloError, ModuleNotFoundError):

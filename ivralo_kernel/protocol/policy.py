@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ivralo_kernel.protocol import names
+import ivralo_kernel.protocol.names as names  # the module, not this package (which imports this one)
 from ivralo_kernel.protocol.audience import AUDIENCES
 from ivralo_kernel.protocol.code_gate import GateRules
 from ivralo_kernel.protocol.errors import ConfigError

@@ -31,12 +31,13 @@ import sys
 import time
 from typing import Any
 
+import ivralo_kernel.supervisor.linux as linux
+
 # Only what is needed before the kernel is forked is imported here: from the fork on, the kernel's
 # start runs beside ours (on another core), so what the loop needs is imported after it, and what
 # only an ending or a failure needs, then.
 from ivralo_kernel.protocol import KernelPolicy, database_env_names, names, scrub
 from ivralo_kernel.protocol.bootstrap import module_argv
-from ivralo_kernel.supervisor import linux
 
 # Host asks for an immediate end of the whole tree (the provisioner's kill, an agent's Esc).
 SIGNAL_KILL_NOW = signal.SIGUSR1
@@ -283,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     limits = os.environ.pop(names.ENV_NAMESPACE_LIMITS, None)
     if limits is not None:  # in the sandbox, before anything of the kernel's runs
-        from ivralo_kernel.supervisor import namespace_limits
+        import ivralo_kernel.supervisor.namespace_limits as namespace_limits
 
         try:
             lowered = namespace_limits.apply(limits)
@@ -315,9 +316,9 @@ def main(argv: list[str] | None = None) -> int:
     os.close(stderr.write_fd)
     if relay is not None:  # its threads only after the fork: the kernel's child must not start with threads
         relay.start()
+    import ivralo_kernel.supervisor.tree as tree
     from ivralo_kernel.protocol import pipe
     from ivralo_kernel.protocol.processes import describe_exit, exit_code
-    from ivralo_kernel.supervisor import tree
     from ivralo_kernel.supervisor.backstop import Backstop
 
     stages: list[str] = []
