@@ -202,3 +202,26 @@ def test_the_supervisor_reads_covered_links_from_the_mount_table(tmp_path: Path)
     for bad in ('["relative"]', '{"a": 1}', "[1]"):
         with pytest.raises(ValueError):
             parse(bad)
+
+
+@pytest.mark.fast
+def test_the_fallbacks_grants_leave_out_the_home_folders_top_level(tmp_path: Path) -> None:
+    """kernel/home_top.py: with the workspace = /home-like folder holding $HOME deeper down, each level
+    on the way keeps its top; the home folder's non-dot entries are granted, its dot-entries and
+    links are not; the kernel's own history folder is."""
+    from ivralo_kernel.kernel.home_top import write_grants
+
+    ws = tmp_path / "home"
+    me = ws / "me"
+    (ws / "other").mkdir(parents=True)
+    (ws / "file.txt").write_text("")
+    for name in ("projects", ".config", ".ivralo/history"):
+        (me / name).mkdir(parents=True)
+    (me / "notes.txt").write_text("")
+    (me / ".bashrc").write_text("")
+    (me / "data").symlink_to("/etc")
+    own = (str(me / ".ivralo" / "history"), str(me / ".ivralo" / "missing.log"))
+    folders, files = write_grants(str(ws), str(me), own)
+    assert set(folders) == {str(ws / "other"), str(me / "projects"), str(me / ".ivralo" / "history")}
+    assert set(files) == {str(ws / "file.txt"), str(me / "notes.txt")}
+    assert write_grants(str(me), str(me)) == ((str(me / "projects"),), (str(me / "notes.txt"),))
