@@ -13,6 +13,7 @@ from a cell, and judged on the host's disk after the cell:
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
 
@@ -93,6 +94,23 @@ def test_a_closed_link_cannot_be_removed_or_replaced_and_still_reads_through(tmp
     # Code inside still reads the person's settings where they keep them, through the link.
     assert py["read through the link"] == '{"the person\'s": 1}\n', py
     assert '{"the person\'s": 1}' in said, said
+
+
+def test_a_link_changed_while_the_kernel_ran_is_named_in_the_hosts_log(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """What the host says where a closed link was not what it was at start when the kernel ends (here
+    the person changed it on the host, outside the sandbox's mount; a link the host could not cover
+    is named the same way)."""
+    ws = tmp_path / "ws"
+    (ws / "editor").mkdir(parents=True)
+    (ws / ".vscode").symlink_to("editor")
+    with caplog.at_level(logging.WARNING, logger="ivralo_kernel.host.closed_paths"):
+        with started_kernel(SANDBOXED_KERNEL, ws):
+            (ws / ".vscode").unlink()
+            (ws / ".vscode").mkdir()
+    said = [r.getMessage() for r in caplog.records if "was a link to" in r.getMessage()]
+    assert len(said) == 1 and str(ws / ".vscode") in said[0], said
 
 
 def test_a_newcomers_fresh_folder_with_a_dangling_closed_link(tmp_path: Path) -> None:
