@@ -113,6 +113,21 @@ def test_a_link_changed_while_the_kernel_ran_is_named_in_the_hosts_log(
     assert len(said) == 1 and str(ws / ".vscode") in said[0], said
 
 
+def test_vs_codes_raw_launch_covers_the_closed_links_too(tmp_path: Path) -> None:
+    """VS Code runs kernel.json's argv itself: that host builds the sandbox and covers the links as
+    the provisioner does (the kernel's start waits for them)."""
+    from test_vscode_launch import raw_launch
+
+    ws = tmp_path / "ws"
+    (ws / "editor").mkdir(parents=True)
+    (ws / "editor" / "settings.json").write_text("{}\n")
+    (ws / ".vscode").symlink_to("editor")
+    with raw_launch(ws, tmp_path) as kernel:
+        said = sh(kernel.client, "rm .vscode; mv .vscode x; mkdir .vscode; cat .vscode/settings.json")
+    assert os.readlink(ws / ".vscode") == "editor", said
+    assert not (ws / "x").exists() and "{}" in said, said
+
+
 def test_a_newcomers_fresh_folder_with_a_dangling_closed_link(tmp_path: Path) -> None:
     """A link to nothing yet (``.claude -> agent-settings``): closed where it will point (a
     placeholder there), and the link itself kept."""
