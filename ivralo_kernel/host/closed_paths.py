@@ -164,7 +164,8 @@ class WorkspaceClaim:
                 f.write(lines)
 
     def note_links(self, links: dict[str, str]) -> None:
-        """Closed names that are links now: the sandbox closes where they point, not the link itself."""
+        """Closed names that are links now: the sandbox closes where they point, and the host mounts each
+        link over itself (protocol/link_mounts.py); one that still changed is named at the end."""
         for path, target in links.items():
             self.links.setdefault(path, target)
 
@@ -187,8 +188,8 @@ class WorkspaceClaim:
         for path in self.replaced_links():
             log.warning(
                 "ivralo: %r was a link to %r when the kernel started and is not now: code in the kernel may have "
-                "replaced it (the sandbox closes a link's target, not the link). Look at it before an editor or a "
-                "shell opens this folder.",
+                "replaced it (where the host could not mount the link over itself, the log said so at the start), or "
+                "you changed it. Look at it before an editor or a shell opens this folder.",
                 path,
                 self.links[path],
             )

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import ivralo_kernel.host.sandbox_limits as sandbox_limits
-from ivralo_kernel.host.closed_paths import HOME_FILES, TOOL_FILES_DEFAULT, Placeholder, placeholder_for
+from ivralo_kernel.host.closed_paths import TOOL_FILES_DEFAULT, Placeholder, placeholder_for
 from ivralo_kernel.protocol import database_env_names, names, scrub
 from ivralo_kernel.protocol.credentials import ScrubRule, config_home, credential_store_paths, home_config_inside
 
@@ -487,14 +487,32 @@ class SandboxPlan:
         home = os.path.realpath(self.home)
         return home if _inside(home, self.workspace) else None
 
+    def home_open_entries(self) -> list[str]:
+        """With the workspace holding the home folder, whose top level is read-only inside: the
+        entries bound writable over it, each existing non-dot folder and file (not a link, which
+        would bind where it points; not a socket or a device)."""
+        home = self._home()
+        if home is None:
+            return []
+        try:
+            entries = sorted(os.scandir(home), key=lambda e: e.name)
+        except OSError:
+            return []
+        return [
+            e.path
+            for e in entries
+            if not e.name.startswith(".")
+            and not e.is_symlink()
+            and (e.is_dir(follow_symlinks=False) or e.is_file(follow_symlinks=False))
+        ]
+
     def missing(self) -> list[Placeholder]:
         """What must exist before the sandbox is built for every closed path to be closed: a
-        placeholder for each one that is missing (or whose link points to nothing yet, inside)."""
+        placeholder for each one that is missing (or whose link points to nothing yet, inside). None
+        at the top of a home folder the workspace holds: that level is read-only inside, so nothing
+        missing there can be made (``home_open_entries``), and the person's home gets no placeholders."""
         wanted: list[tuple[str, str, str]] = []
         home = self._home()
-        if home is not None:  # first: a home folder's .gitconfig must be a file (git fails on a folder)
-            for name, (kind, content, _why) in HOME_FILES.items():
-                wanted.append((os.path.join(home, name), kind, content))
         for path in self._closed_names():
             target = os.path.realpath(path) if os.path.islink(path) else path
             if _inside(target, self.workspace) and target != self.workspace:
@@ -506,6 +524,8 @@ class SandboxPlan:
         found: dict[str, Placeholder] = {}
         for path, kind, content in wanted:
             placeholder = placeholder_for(path, kind, content)
+            if placeholder is not None and home is not None and os.path.dirname(placeholder.path) == home:
+                continue
             if placeholder is not None and placeholder.path not in found:
                 found[placeholder.path] = placeholder
         return list(found.values())
@@ -602,6 +622,14 @@ class SandboxPlan:
             if any(_inside(path, h) for h in hidden) and not _inside(path, self.workspace):
                 a += ["--ro-bind", path, path]
         a += ["--bind", self.workspace, self.workspace]
+        home = self._home()
+        if home is not None:
+            # Every dot-entry of the home folder stays closed, existing or not: its top level is
+            # read-only, with each existing non-dot entry writable over it (a new entry there, dotted
+            # or not, is refused; work goes on in the subfolders and the files already there).
+            a += ["--ro-bind", home, home]
+            for path in self.home_open_entries():
+                a += ["--bind", path, path]
         for path in self.closed():
             a += ["--ro-bind", path, path]
         for path in [*hidden, *stores]:

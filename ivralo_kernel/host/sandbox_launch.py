@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import select
 import shutil
@@ -25,7 +26,7 @@ import ivralo_kernel.host.sandbox_limits as sandbox_limits
 from ivralo_kernel.host.closed_paths import WorkspaceClaim
 from ivralo_kernel.host.kernel_output import printable
 from ivralo_kernel.host.sandbox import SandboxPlan, prepare_workspace
-from ivralo_kernel.protocol import names, pipe, seccomp
+from ivralo_kernel.protocol import link_mounts, names, pipe, seccomp
 
 PROXY_URL = f"http://127.0.0.1:{names.RELAY_PORT}"
 CHANNELS = ("shell", "iopub", "stdin", "control", "hb")
@@ -36,6 +37,8 @@ PROXY_VARIABLES = names.PROXY_VARIABLES
 SANDBOX_BUILD_WAIT_S = 15.0
 EXIT_WAIT_S = 2.0  # for bwrap's exit status and the rest of its stderr, once the pipe said it is gone
 STDERR_KEPT = 4000
+LINK_COVER_TIMEOUT_S = 10.0  # the helper that covers the closed links (python's start, a few syscalls)
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -185,7 +188,10 @@ def sandboxed_command(
     # Each missing closed path gets its placeholder now, on the host, so that argv mounts it read-only.
     claim = folder.claims.get(workspace) or folder.claims.setdefault(workspace, WorkspaceClaim(workspace))
     claim.hold(plan.missing())
-    claim.note_links(plan.closed_links())  # a replaced one is named in the host's log when the kernel ends
+    links = plan.closed_links()
+    claim.note_links(links)  # a replaced one is named in the host's log when the kernel ends
+    if links:  # each mounted over itself by the host once bwrap built the sandbox (SandboxStart.wait)
+        env[names.ENV_COVER_LINKS] = json.dumps(list(links))
     return plan.argv(cmd)
 
 
@@ -226,10 +232,12 @@ class SandboxStart:
 
     def __init__(self) -> None:
         self.read_fd, self.write_fd = os.pipe()
+        self.links = ""  # the closed links to cover once the sandbox is built (a JSON list), or none
 
     def pass_to(self, env: dict[str, str], pass_fds: tuple[int, ...]) -> tuple[int, ...]:
         """Give the write end to the launch (its environment names it); returns the new ``pass_fds``."""
         env[names.ENV_SANDBOX_UP_FD] = str(self.write_fd)
+        self.links = env.get(names.ENV_COVER_LINKS, "")
         return (*pass_fds, self.write_fd)
 
     def wait(self, process: subprocess.Popen[bytes], bwrap: str, timeout: float = SANDBOX_BUILD_WAIT_S) -> str | None:
@@ -250,6 +258,8 @@ class SandboxStart:
         finally:
             self._close_read_end()
         if pipe.decode(said.split(b"\n")[0].decode(errors="replace")) == pipe.Stage(names.STAGE_SANDBOX_BUILT):
+            if self.links:
+                cover_links(process.pid, self.links)
             return None
         try:
             status: int | None = process.wait(EXIT_WAIT_S)
@@ -276,6 +286,27 @@ class SandboxStart:
             with contextlib.suppress(OSError):
                 os.close(self.write_fd)
             self.write_fd = -1
+
+
+def cover_links(bwrap_pid: int, links: str) -> None:
+    """Mount each closed link over itself in the sandbox of ``bwrap_pid`` (protocol/link_mounts.py),
+    from a process of its own: ``setns`` into a user namespace needs a single thread, and a host has
+    many. What Linux refused is logged; the supervisor says so too, and starts the kernel anyway."""
+    try:
+        with open(f"/proc/{bwrap_pid}/task/{bwrap_pid}/children", encoding="ascii") as f:
+            inside = int(f.read().split()[0])  # the sandbox's first process (the supervisor)
+    except (OSError, ValueError, IndexError):
+        log.warning("ivralo: the sandbox's closed links stay replaceable: its first process cannot be found")
+        return
+    # By its path, without site (-S): it needs the standard library alone, and the kernel's start waits.
+    argv = [sys.executable, "-I", "-S", link_mounts.__file__, str(inside), links]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=LINK_COVER_TIMEOUT_S, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        log.warning("ivralo: the sandbox's closed links stay replaceable: %s", exc)
+        return
+    if done.returncode != 0:
+        log.warning("ivralo: a closed link stays replaceable: %s", printable(done.stderr.strip())[-STDERR_KEPT:])
 
 
 def _readable(fd: int, deadline: float) -> bool:

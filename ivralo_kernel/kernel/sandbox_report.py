@@ -19,9 +19,11 @@ EGRESS_LAYER = (
     f"only through the host's egress proxy (127.0.0.1:{names.RELAY_PORT}; HTTP_PROXY, HTTPS_PROXY, ALL_PROXY)"
 )
 FALLBACK_GAPS = (
-    "a subprocess or ctypes can reach the network directly, write .git/ and .ivralo/ inside the "
-    "workspace, read .env and the files outside it that the read floor allows; run as "
-    "root, it can read other processes' environments"
+    "a subprocess or ctypes can reach the network directly, write .git/, .ivralo/ and the tool files "
+    "other programs run (.vscode, .envrc, ...) inside the workspace and replace a closed name that is a "
+    "link (Landlock keeps only the top and the dot-entries of a home folder the workspace holds), read "
+    ".env and the files outside the workspace that the read floor allows; run as root, it can read "
+    "other processes' environments"
 )
 NO_READ_FLOOR = (
     "; Landlock's read floor is not in force ({why}): any process reads other kernels' connection files, "

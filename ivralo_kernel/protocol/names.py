@@ -64,6 +64,9 @@ ENV_SANDBOX: Final = "IVRALO_SANDBOX"
 ENV_NAMESPACE_LIMITS: Final = "IVRALO_NAMESPACE_LIMITS"
 # Set by the host when it gave bwrap the base seccomp filter (``--seccomp``): the supervisor installs it otherwise.
 ENV_SECCOMP_BY_BWRAP: Final = "IVRALO_SECCOMP_BY_BWRAP"
+# The closed names that are symlinks, as a JSON list: the host mounts each link over itself from
+# outside (protocol/link_mounts.py), and the supervisor starts the kernel once they are mount points.
+ENV_COVER_LINKS: Final = "IVRALO_COVER_LINKS"
 # Lines the host wants the kernel's banner to show (newline-separated), e.g. a workspace file ignored.
 ENV_HOST_NOTES: Final = "IVRALO_HOST_NOTES"
 # The sandbox setting (auto | required | off) for a raw launch, which reads no provisioner config:
