@@ -27,6 +27,7 @@ import psutil
 
 from ivralo_kernel.host.config import WorkerConfig
 from ivralo_kernel.host.interpreters import KernelLaunch, plan
+from ivralo_kernel.host.kernel_worker import KernelWorker
 from ivralo_kernel.host.observer import human_bytes
 from ivralo_kernel.host.worker import Worker, WorkerSettings
 from ivralo_kernel.protocol import ConfigError, IvraloError
@@ -76,7 +77,7 @@ class WorkerPool:
         self.settings = WorkerSettings(str(Path(workspace).resolve()), config, config.role, python)
         self.config = self.settings.config
         self.spares: list[Worker] = []
-        self.in_use: set[Worker] = set()
+        self.in_use: set[KernelWorker] = set()
         self._starting = 0
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
@@ -127,7 +128,7 @@ class WorkerPool:
         self._replenish()
         return worker
 
-    async def release(self, worker: Worker) -> None:
+    async def release(self, worker: KernelWorker) -> None:
         """A session is done with its worker: its namespace is private, so it is ended, not reused.
         (Also after the pool was closed.)"""
         self.in_use.discard(worker)
@@ -209,7 +210,7 @@ class WorkerPool:
         for worker in spares:
             with contextlib.suppress(Exception):
                 await worker.stop()
-        for worker in list(self.in_use):  # a session may be reading from it: kill only, it releases
-            worker.retired = "the worker pool was closed"
+        for lent in list(self.in_use):  # a session may be reading from it: kill only, it releases
+            lent.retired = "the worker pool was closed"
             with contextlib.suppress(Exception):
-                await worker.kill()
+                await lent.kill()
