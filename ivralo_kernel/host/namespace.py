@@ -49,7 +49,7 @@ class NamespaceCall:
         await self._drain()
         msg_id = kc.execute(code, silent=True, store_history=False, user_expressions=expressions)
         outcome = self.worker.outcome(msg_id)
-        reading = asyncio.create_task(self._read_reply(outcome))
+        reading = outcome.read_by(asyncio.create_task(self._read_reply(outcome)))
         try:
             ended = await outcome.wait(max(0.0, self._deadline - time.monotonic()))
         except TimeoutError:

@@ -81,6 +81,16 @@ class Outcome:
         with self._lock:
             self.future.cancel()
 
+    def read_by(self, reader: asyncio.Task[None]) -> asyncio.Task[None]:
+        """``reader`` gives the reply; if it fails instead (a closed channel), that is a loss, never a hang."""
+
+        def ended(task: asyncio.Task[None]) -> None:
+            if not task.cancelled() and (error := task.exception()) is not None:
+                self.lose(f"reading the kernel's answer failed: {error!r}")
+
+        reader.add_done_callback(ended)
+        return reader
+
     def _resolve(self, ended: Ended) -> bool:
         if self.future.done():
             return False

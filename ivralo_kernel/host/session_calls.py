@@ -99,7 +99,7 @@ class SessionCalls:
         out = CellOutput()
         self._asked_s = 0.0
         outcome = worker.outcome(msg_id)
-        reading = asyncio.create_task(self._read_cell(worker, outcome, out))
+        reading = outcome.read_by(asyncio.create_task(self._read_cell(worker, outcome, out)))
         try:
             ended = await outcome.wait()
         finally:
