@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -114,3 +115,23 @@ async def test_the_deadline_and_the_reply_race_and_one_outcome_decides(workspace
         if sleep_s == 3.0:
             assert isinstance(ended, Lost), "far past its deadline, the kill decides"
     assert seen == {Replied, Lost}
+
+
+@pytest.mark.timeout(120)
+async def test_a_crash_decides_when_it_happens_not_at_the_next_sample(workspace: Path) -> None:
+    """The tree's exit wakes the watchdog (a pidfd), which loses the open outcome: with the tree
+    sampled once a minute, a cell that kills its kernel still returns within seconds, and nothing
+    else polls the kernel meanwhile (Session's 20 ms poll of is_alive is gone)."""
+    from ivralo_kernel.host import Session
+
+    async with Session(workspace=workspace, config=WorkerConfig(observer_poll_ms=60_000)) as session:
+        assert await session.run("alpha = 1") == ""
+        pid = session.pid
+        assert pid is not None
+        started = time.monotonic()
+        result = await asyncio.wait_for(session.run("import os; os._exit(9)"), 60)
+        took = time.monotonic() - started
+        assert isinstance(result, dict) and "crash: the kernel exited with status 9" in result["error"]
+        assert "alpha" in result["error"], "the lost names are listed"
+        assert gone(pid), "judged from the process table: the kernel is gone"
+        assert took < 20, f"the crash was seen after {took:.1f} s: the next sample, not the exit"
