@@ -19,6 +19,7 @@ from jupyter_client.asynchronous.client import AsyncKernelClient
 
 from ivralo_kernel.host.config import WorkerConfig
 from ivralo_kernel.host.dataplane import Exchange, checked_size, decode_segment
+from ivralo_kernel.host.history_ledger import HistoryRecorder
 from ivralo_kernel.host.interpreters import KernelLaunch
 from ivralo_kernel.host.kernel_worker import Asker, KernelHost, Transfer
 from ivralo_kernel.host.manager import IvraloKernelManager
@@ -156,7 +157,8 @@ class Worker:
 
         broker.asker = bridge
 
-    def history_recorder(self) -> Any:
+    def history_recorder(self) -> HistoryRecorder | None:
+        """The provisioner's recorder of the kernel's history (host/history_ledger.py)."""
         return self.host.history_recorder if self.host is not None else None
 
     def _exchange(self) -> Exchange:
