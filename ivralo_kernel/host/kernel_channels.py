@@ -71,6 +71,13 @@ class KernelChannels:
             os.close(self._wake_w)
             self._wake_w = -1
 
+    def wake_on(self, fd: int) -> None:
+        """``wait`` also returns when ``fd`` is readable (the tree's pidfd)."""
+        self._poller.register(fd, zmq.POLLIN)
+
+    def forget(self, fd: int) -> None:
+        self._poller.unregister(fd)
+
     def wait(self, timeout_s: float, on_iopub: OnReply, on_control: OnReply) -> None:
         """Poll up to ``timeout_s``; hand each message to its handler (a control reply somebody waits
         for goes to that waiter instead); then send what other threads queued."""

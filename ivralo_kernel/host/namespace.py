@@ -4,27 +4,27 @@ Each request is a silent execution whose ``user_expressions`` call ``kernel.data
 operation is bounded by ``namespace_timeout_ms``. A timeout is not lethal: the worker and its
 namespace stay, and the request's reply, when it comes late, is skipped by whatever reads shell next
 (replies are matched by ``msg_id``, and what is already waiting is drained before each request).
+Each request awaits its ``Outcome`` (host/outcome.py): the reply, read here, or the worker's loss,
+decided by whoever watches the kernel; nothing here polls.
 """
 
 from __future__ import annotations
 
 import ast
+import asyncio
 import queue
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ivralo_kernel.host.dataplane import refusal
-from ivralo_kernel.host.worker import Worker
-
-if TYPE_CHECKING:
-    from ivralo_kernel.host.gateway import GatewayWorker
+from ivralo_kernel.host.kernel_worker import KernelWorker
+from ivralo_kernel.host.outcome import Lost, Outcome
 from ivralo_kernel.protocol import names
 from ivralo_kernel.protocol.errors import IvraloError
 
 # The kernel's data plane, by the hidden name the kernel gives it in every namespace (an import from
 # here would be refused on the hermetic surface, and __import__ by the code gate).
 DATAPLANE = names.DATAPLANE_NAME
-_POLL_S = 0.02
 
 
 class NamespaceTimeoutError(IvraloError, TimeoutError):
@@ -40,7 +40,7 @@ class WorkerGone(Exception):  # internal: the session turns it into NamespaceWor
 
 
 class NamespaceCall:
-    def __init__(self, worker: Worker | GatewayWorker, operation: str, budget_ms: int) -> None:
+    def __init__(self, worker: KernelWorker, operation: str, budget_ms: int) -> None:
         self.worker, self.operation, self.budget_ms = worker, operation, budget_ms
         self._deadline = time.monotonic() + budget_ms / 1000
 
@@ -49,22 +49,30 @@ class NamespaceCall:
         kc = self.worker.kc
         await self._drain()
         msg_id = kc.execute(code, silent=True, store_history=False, user_expressions=expressions)
+        outcome = self.worker.outcome(msg_id)
+        reading = outcome.read_by(asyncio.create_task(self._read_reply(outcome)))
+        try:
+            ended = await outcome.wait(max(0.0, self._deadline - time.monotonic()))
+        except TimeoutError:
+            outcome.abandon()
+            raise self._timeout() from None
+        finally:
+            reading.cancel()
+        if isinstance(ended, Lost) or ended.reply is None:
+            raise WorkerGone
+        content: dict[str, Any] = ended.reply["content"]
+        if content.get("status") != "ok":
+            raise ValueError(f"{self.operation}: {content.get('ename')}: {content.get('evalue')}")
+        return dict(content.get("user_expressions") or {})
+
+    async def _read_reply(self, outcome: Outcome) -> None:
+        """Shell's messages until the reply to ``outcome``'s request, which it is given."""
         while True:
-            left = self._deadline - time.monotonic()
-            if left <= 0:
-                raise self._timeout()
-            try:
-                reply: dict[str, Any] = await kc.get_shell_msg(timeout=min(_POLL_S, left))
-            except queue.Empty:
-                if not await self.worker.is_alive():
-                    raise WorkerGone from None
-                continue
-            if reply["parent_header"].get("msg_id") != msg_id:
-                continue  # a late reply to a call that timed out: it answers nobody now
-            content: dict[str, Any] = reply["content"]
-            if content.get("status") != "ok":
-                raise ValueError(f"{self.operation}: {content.get('ename')}: {content.get('evalue')}")
-            return dict(content.get("user_expressions") or {})
+            reply: dict[str, Any] = await self.worker.kc.get_shell_msg(timeout=None)
+            if reply["parent_header"].get("msg_id") == outcome.msg_id:
+                outcome.reply(reply)
+                return
+            # else: a late reply to a call that timed out: it answers nobody now
 
     def left_s(self) -> float:
         """What is left of the operation's budget, in seconds."""

@@ -25,6 +25,7 @@ from typing import Any
 
 from ivralo_kernel.host.config import WorkerConfig
 from ivralo_kernel.host.interpreters import KernelLaunch, plan
+from ivralo_kernel.host.kernel_worker import KernelWorker
 from ivralo_kernel.host.observer import human_bytes
 from ivralo_kernel.host.off_loop import off_loop
 from ivralo_kernel.host.sandbox_limits import available_memory
@@ -64,7 +65,7 @@ class WorkerPool:
         self.settings = WorkerSettings(str(Path(workspace).resolve()), config, config.role, python)
         self.config = self.settings.config
         self.spares: list[Worker] = []
-        self.in_use: set[Worker] = set()
+        self.in_use: set[KernelWorker] = set()
         self._starting = 0
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
@@ -115,7 +116,7 @@ class WorkerPool:
         self._replenish()
         return worker
 
-    async def release(self, worker: Worker) -> None:
+    async def release(self, worker: KernelWorker) -> None:
         """A session is done with its worker: its namespace is private, so it is ended, not reused.
         (Also after the pool was closed.)"""
         self.in_use.discard(worker)
@@ -197,7 +198,7 @@ class WorkerPool:
         for worker in spares:
             with contextlib.suppress(Exception):
                 await worker.stop()
-        for worker in list(self.in_use):  # a session may be reading from it: kill only, it releases
-            worker.retired = "the worker pool was closed"
+        for lent in list(self.in_use):  # a session may be reading from it: kill only, it releases
+            lent.retired = "the worker pool was closed"
             with contextlib.suppress(Exception):
-                await worker.kill()
+                await lent.kill()

@@ -10,83 +10,54 @@
 
 from __future__ import annotations
 
-import ast
 import asyncio
-import contextlib
 import dataclasses
 import json
-import logging
-import math
 import os
-import queue
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ivralo_kernel.host.blocking import LoopThread
-from ivralo_kernel.host.code_gate import DONE_WITH_ERRORS, gate_refusal, is_refusal
+from ivralo_kernel.host.code_gate import gate_refusal
 from ivralo_kernel.host.config import WorkerConfig
 from ivralo_kernel.host.dataplane import (
-    Exchange,
-    TransferRefusedError,
     as_table,
-    checked_size,
-    decode_inline,
-    decode_segment,
     ipc_size,
     require_arrow,
-    transfer_cap,
 )
-from ivralo_kernel.host.escalation import Phase
-from ivralo_kernel.host.gateway import GatewayPool, GatewayWorker, RemoteDeadline, fetch_remote, inject_remote
-from ivralo_kernel.host.history_ledger import HistoryRecorder
+from ivralo_kernel.host.gateway import GatewayPool
 from ivralo_kernel.host.history_store import HistoryError, HistoryStore, entry_dict, parse_time
+from ivralo_kernel.host.kernel_worker import DeadlineView
 from ivralo_kernel.host.namespace import (
     DATAPLANE,
-    NamespaceCall,
     NamespaceTimeoutError,
     NamespaceWorkerLostError,
-    WorkerGone,
 )
 from ivralo_kernel.host.off_loop import off_loop
-from ivralo_kernel.host.outputs import CellOutput, effects_in, error_result, lost_names_message, with_effects
+from ivralo_kernel.host.outputs import error_result, lost_names_message, with_effects
 from ivralo_kernel.host.pool import HostMemoryError, WorkerPool, WorkerPoolExhaustedError
-from ivralo_kernel.host.sandbox_limits import available_memory
+from ivralo_kernel.host.session_calls import (
+    _NAMES_EXPR,
+    USER_INTERRUPT_CAUSE,
+    AnyWorker,
+    RunResult,
+    SessionCalls,
+    _names_from,
+)
 from ivralo_kernel.host.test_runs import RUNNERS, run_report, runner_cell
-from ivralo_kernel.host.watchdog import Watchdog
-from ivralo_kernel.host.worker import Worker
 from ivralo_kernel.protocol import ConfigError, WorkerBootstrapError, names
 from ivralo_kernel.protocol.messages import Effects
-from ivralo_kernel.protocol.processes import describe_exit
 
 if TYPE_CHECKING:
     from ivralo_kernel.host.attach import AttachedSession, SyncAttachedSession
 
 __all__ = ["NamespaceTimeoutError", "NamespaceWorkerLostError", "RunResult", "Session", "SyncSession"]
-RunResult = str | dict[str, str]
-AnyWorker = Worker | GatewayWorker  # a local kernel, or one a Kernel Gateway runs (host/gateway.py)
 T = TypeVar("T")
 
-# Evaluated by the kernel after each successful cell (user_expressions): the names, never values.
-_NAMES_EXPR = (
-    "sorted(k for k in get_ipython().user_ns if not k.startswith('_') and k not in get_ipython().user_ns_hidden)"
-)
-_POLL_S = 0.02
-# If the provisioner's watchdog has not answered by deadline + grace + this, the session ends the
-# worker itself (the watchdog's own bound is deadline + grace + 250 ms).
-_FALLBACK_SLACK_S = 1.0
-USER_INTERRUPT_CAUSE = "interrupted: stopped at once by the user"
-ABORTED_TEXT = (
-    "aborted: the kernel did not run this code, because a request sent just before it failed and "
-    "ipykernel drops what arrives meanwhile (stop_on_error); run it again"
-)
-RESTART_WINDOW_S = 60.0
-RESTART_WARNING_AT = 3
-log = logging.getLogger(__name__)
 
-
-class Session:
+class Session(SessionCalls):
     """An agent's guarded Python session. Use ``async with Session(...) as s: await s.run(code)``.
 
     Give ``pool=`` to share prewarmed workers between sessions (the pool's workspace, config and
@@ -203,7 +174,7 @@ class Session:
         return self._worker.supervisor_pid if self._worker else None
 
     @property
-    def watchdog(self) -> Watchdog | RemoteDeadline | None:
+    def watchdog(self) -> DeadlineView | None:
         """What enforces the running worker's deadline (the provisioner's watchdog, or a gateway
         kernel's), or None before a worker started."""
         return self._worker.watchdog if self._worker else None
@@ -231,197 +202,6 @@ class Session:
             if recorder is not None and recorder.changed():  # its copies recorded before the caller looks
                 await off_loop(recorder.record)
             return with_effects(self._with_notes(result, worker), self._effects)
-
-    async def _ensure_started(self) -> AnyWorker:
-        worker = self._worker
-        if worker is not None and worker.retired is None and await worker.is_alive():
-            return worker
-        if worker is not None:  # retired by the pool while idle: a fresh namespace is no error
-            self._worker = None
-            self._known_names = []
-            await self._give_back(worker)
-        self._worker = await self._pool.acquire()
-        self._connect_asker(self._worker)
-        return self._worker
-
-    def _connect_asker(self, worker: AnyWorker) -> None:
-        """This session's grants go to the worker's broker; questions the host has for it (e.g. an
-        unknown host) go to ``ask``, on our loop."""
-        if isinstance(worker, GatewayWorker):  # the gateway holds the grants; its questions come at the prompt
-            worker.asker = self._remote_asker()
-            return
-        provisioner = worker.km.provisioner
-        set_grants = getattr(provisioner, "set_broker_grants", None)
-        if set_grants is not None:
-            set_grants(frozenset(self.grants))
-        broker = getattr(provisioner, "broker", None)
-        if broker is not None and self.ask is None:
-            broker.asker = None  # a pooled worker must not keep another session's asker
-        if broker is None or self.ask is None:
-            return
-        loop, ask = asyncio.get_running_loop(), self.ask
-
-        async def asking(question: str, choices: tuple[str, ...]) -> str:
-            return str(await ask(question, choices))
-
-        def bridge(question: str, choices: tuple[str, ...]) -> str:
-            self._asking_since = time.monotonic()
-            try:
-                return asyncio.run_coroutine_threadsafe(asking(question, choices), loop).result()
-            finally:  # the person's time does not count against the call's deadline
-                self._asked_s += time.monotonic() - self._asking_since
-                self._asking_since = None
-
-        broker.asker = bridge
-
-    def _remote_asker(self) -> Callable[[str, tuple[str, ...]], Awaitable[str]] | None:
-        ask = self.ask
-        if ask is None:
-            return None
-
-        async def asking(question: str, choices: tuple[str, ...]) -> str:
-            self._asking_since = time.monotonic()
-            try:
-                return str(await ask(question, choices))
-            finally:  # the person's time does not count against the call's deadline
-                self._asked_s += time.monotonic() - self._asking_since
-                self._asking_since = None
-
-        return asking
-
-    async def _execute(self, worker: AnyWorker, code: str) -> RunResult:
-        kc = worker.kc
-        msg_id = kc.execute(code, allow_stdin=False, stop_on_error=True, user_expressions={"names": _NAMES_EXPR})
-        out = CellOutput()
-        c = self.config
-        if c.deadline_ms is None:  # no deadline: the call waits as long as the cell runs
-            fallback = math.inf
-        else:
-            fallback = time.monotonic() + (c.deadline_ms + c.interrupt_grace_ms) / 1000 + _FALLBACK_SLACK_S
-        self._asked_s = 0.0
-        idle = False
-        while not idle:
-            asking = self._asking_since
-            paused = self._asked_s + (time.monotonic() - asking if asking is not None else 0.0)
-            if time.monotonic() >= fallback + paused:
-                return await self._lose_worker(f"timeout: execution exceeded deadline_ms={c.deadline_ms}")
-            try:
-                msg = await kc.get_iopub_msg(timeout=_POLL_S)
-            except queue.Empty:
-                if not await worker.is_alive():
-                    return await self._lose_worker(self._death_cause(worker))
-                continue
-            if msg["parent_header"].get("msg_id") != msg_id:
-                continue
-            idle = out.take(msg)
-        reply = await self._shell_reply(worker, msg_id)
-        if reply is None and not await worker.is_alive():  # it said idle, and was ended before replying
-            return await self._lose_worker(self._death_cause(worker))
-        watchdog = worker.watchdog
-        if watchdog is not None and watchdog.interrupted(msg_id):
-            # "Namespace preserved" only once the tree has gone quiet: a thread the cell left
-            # spinning keeps the execution running, and the watchdog ends it after the grace.
-            while not watchdog.settled(msg_id) and time.monotonic() < fallback:
-                await asyncio.sleep(_POLL_S)
-            if watchdog.phase_of(msg_id) is Phase.KILLED or not await worker.is_alive():
-                return await self._lose_worker(self._death_cause(worker))
-        content = reply["content"] if reply else {}
-        self._effects = effects_in((reply or {}).get("metadata"))  # the kernel's own report
-        if content.get("status") == "ok":
-            self._known_names = _names_from(content.get("user_expressions", {}).get("names"))
-        return self._result(worker, msg_id, out, content)
-
-    def _result(self, worker: AnyWorker, msg_id: str, out: CellOutput, content: dict[str, Any]) -> RunResult:
-        if worker.watchdog is not None and worker.watchdog.interrupted(msg_id):
-            return error_result(out.text, names.INTERRUPTED_TEXT.format(deadline_ms=self.config.deadline_ms))
-        if out.error is not None or content.get("status") == "error":
-            error = out.error or f"{content.get('ename')}: {content.get('evalue')}"
-            if is_refusal(error):  # the kernel's own check refused it before it ran
-                return error_result(out.text, error, DONE_WITH_ERRORS)
-            return error_result(out.text, error)
-        if content.get("status") == "aborted":  # never ran: not an empty success
-            return error_result(out.text, ABORTED_TEXT)
-        return out.text
-
-    def _with_notes(self, result: RunResult, worker: AnyWorker | None) -> RunResult:
-        """Append the one-line notes a result carries: a memory soft-limit breach, a restart loop."""
-        notes = [
-            n
-            for n in (worker.watchdog.take_soft_notice() if worker and worker.watchdog else None, self._restart_note)
-            if n
-        ]
-        self._restart_note = None
-        if not notes:
-            return result
-        text = "".join(f"{n}\n" for n in notes)
-        if isinstance(result, str):
-            return result + text
-        result["result"] += text
-        return result
-
-    def _death_cause(self, worker: AnyWorker) -> str:
-        """Why the worker is gone: the user's Esc, the watchdog's kill, or a crash."""
-        if self._user_interrupt:
-            return USER_INTERRUPT_CAUSE
-        if worker.retired:
-            return f"stopped: {worker.retired}"
-        watchdog = worker.watchdog
-        if watchdog is not None and watchdog.loss is not None:
-            return f"{watchdog.loss.cause}; {watchdog.loss.observer}"
-        observer = f"; {watchdog.observer.describe()}" if watchdog else ""
-        status = worker.exit_status()
-        if status == names.DEADLINE_EXIT_STATUS:  # the supervisor's backstop
-            return f"timeout: execution exceeded deadline_ms={self.config.deadline_ms}{observer}"
-        return f"crash: {_exit_description(status)}{observer}"
-
-    async def _shell_reply(self, worker: AnyWorker, msg_id: str) -> dict[str, Any] | None:
-        deadline = time.monotonic() + self.config.namespace_timeout_ms / 1000
-        while time.monotonic() < deadline:
-            try:
-                reply: dict[str, Any] = await worker.kc.get_shell_msg(timeout=_POLL_S)
-            except queue.Empty:
-                if not await worker.is_alive():
-                    return None
-                continue
-            if reply["parent_header"].get("msg_id") == msg_id:
-                return reply
-        return None
-
-    async def _lose_worker(self, cause: str) -> dict[str, str]:
-        lost = list(self._known_names)
-        self._known_names = []
-        self._user_interrupt = False
-        self._note_restart(cause)
-        await self._release_worker()
-        message = lost_names_message(cause, lost)
-        return error_result(message, message)
-
-    def _note_restart(self, cause: str) -> None:
-        """From the third lost worker within 60 s, say so: something keeps killing it."""
-        now = time.monotonic()
-        self._restarts.append((now, cause))
-        while self._restarts and now - self._restarts[0][0] > RESTART_WINDOW_S:
-            self._restarts.popleft()
-        if len(self._restarts) >= RESTART_WARNING_AT:
-            self._restart_note = (
-                f"[ivralo] this session's worker was lost {len(self._restarts)} times in the last "
-                f"{RESTART_WINDOW_S:g} s; the last time: {cause}. Check the code for a loop that never "
-                "ends or an allocation that grows, before retrying"
-            )
-            log.warning("ivralo: %s", self._restart_note)
-
-    async def _give_back(self, worker: AnyWorker) -> None:
-        if isinstance(worker, GatewayWorker):
-            assert isinstance(self._pool, GatewayPool)
-            await self._pool.release(worker)
-        else:
-            assert isinstance(self._pool, WorkerPool)
-            await self._pool.release(worker)
-
-    async def _release_worker(self) -> None:
-        worker, self._worker = self._worker, None
-        if worker is not None:
-            await self._give_back(worker)
 
     async def interrupt(self) -> dict[str, str] | None:
         """The Esc key: end the worker and its whole tree now (no grace). The next call gets a fresh
@@ -514,42 +294,6 @@ class Session:
         async with self._namespace(f"get_dataframe({name!r})") as call:
             return await self._fetch(call, name, tables_only=True, or_repr=False)
 
-    async def _fetch(self, call: NamespaceCall, name: str, *, tables_only: bool, or_repr: bool) -> Any:
-        asked = f"{DATAPLANE}.prepare({name!r}, {tables_only}, {or_repr})"
-        envelope = json.loads(await call.value(asked))
-        if not isinstance(envelope, dict) or envelope.get("kind") not in ("json", "repr", "arrow", "npy"):
-            raise TransferRefusedError(f"{call.operation}: the kernel's answer is not one of its data plane's")
-        if envelope["kind"] in ("json", "repr"):
-            return decode_inline(envelope)
-        if envelope["kind"] == "arrow":
-            require_arrow(call.operation)
-        cap, why = self._transfer_cap()
-        if isinstance(call.worker, GatewayWorker):  # no shared memory: binary buffers on the websocket
-            return await fetch_remote(call, envelope, cap, why)
-        exchange = self._exchange(call.worker)
-        path, capacity = exchange.reserve(checked_size(call.operation, envelope, "size", cap, why))
-        try:
-            written = json.loads(await call.value(f"{DATAPLANE}.write({path!r}, {capacity})"))
-            length = checked_size(call.operation, written, "size", capacity, "the segment the host reserved")
-            data = await off_loop(exchange.read, length)
-            return await off_loop(decode_segment, envelope, data, length)
-        except BaseException:
-            exchange.discard()  # a late answer may still write: into a segment nobody reads again
-            raise
-        finally:
-            exchange.settle()
-
-    def _transfer_cap(self) -> tuple[int, str]:
-        """(the most bytes one transfer from the kernel may take, where that number comes from)."""
-        c = self.config
-        cap = transfer_cap(c.transfer_cap_bytes, c.memory_limit_bytes)
-        why = "transfer_cap_bytes" if c.transfer_cap_bytes is not None else "the kernel's memory limit"
-        spare = available_memory() - c.host_memory_reserve_bytes
-        if spare < cap:
-            reserve = c.host_memory_reserve_bytes
-            return max(0, spare), f"what the host has available less host_memory_reserve_bytes={reserve}"
-        return cap, why
-
     async def set_var(self, name: str, value: Any) -> None:
         """Bind ``name`` in the namespace to a JSON-serialisable ``value``."""
         _check_name(name)
@@ -597,20 +341,7 @@ class Session:
         table, kind = as_table(frame)
         size = ipc_size(table)
         async with self._namespace(operation) as call:
-            if isinstance(call.worker, GatewayWorker):  # no shared memory: binary buffers on the websocket
-                await inject_remote(call, name, table, kind)
-                self._known_names = sorted({*self._known_names, name})
-                return
-            exchange = self._exchange(call.worker)
-            path, capacity = exchange.reserve(size)
-            try:
-                length = await off_loop(exchange.write_table, table)
-                await call.value(f"{DATAPLANE}.receive({name!r}, {path!r}, {capacity}, {length}, {kind!r})")
-            except BaseException:
-                exchange.discard()
-                raise
-            finally:
-                exchange.settle()
+            await call.worker.inject(call, name, table, kind, size)  # shared memory, or the gateway's websocket
             self._known_names = sorted({*self._known_names, name})
 
     async def history(self, path: str | None = None) -> list[dict[str, Any]]:
@@ -647,41 +378,6 @@ class Session:
 
         return await off_loop(restored)
 
-    def _history_recorder(self) -> HistoryRecorder | None:
-        """The host's recorder of the worker's history (its provisioner's), if it has one here."""
-        provisioner = getattr(getattr(self._worker, "km", None), "provisioner", None)
-        recorder = getattr(provisioner, "history_recorder", None)
-        return recorder if isinstance(recorder, HistoryRecorder) else None
-
-    def _record_history(self) -> None:
-        """What the worker's write guard copied, recorded now by its host (its provisioner's recorder
-        also does, on a thread of its own, when a cell ends)."""
-        recorder = self._history_recorder()
-        if recorder is not None:
-            recorder.record()
-
-    def _exchange(self, worker: Worker) -> Exchange:
-        if worker.exchange is None:
-            folder = getattr(worker.km.provisioner, "exchange_dir", None)
-            if not folder:
-                raise RuntimeError("this worker's provisioner made no exchange folder: tables cannot be sent")
-            worker.exchange = Exchange(folder)
-        return worker.exchange
-
-    @contextlib.asynccontextmanager
-    async def _namespace(self, operation: str) -> AsyncIterator[NamespaceCall]:
-        """One namespace operation, alone on the worker, bounded by ``namespace_timeout_ms`` (not lethal)."""
-        async with self._lock:
-            worker = await self._ensure_started()
-            try:
-                yield NamespaceCall(worker, operation, self.config.namespace_timeout_ms)
-            except WorkerGone:
-                pid = worker.pid
-                lost = await self._lose_worker(self._death_cause(worker))
-                raise NamespaceWorkerLostError(
-                    f"{operation}: the worker pid={pid} ended during this call; {lost['error']}"
-                ) from None
-
 
 def _check_gateway(pool: WorkerPool | None, grants: tuple[str, ...], python: str | None, project: Any) -> None:
     """What a session behind a gateway cannot take: the gateway's machine decides these."""
@@ -698,22 +394,6 @@ def _check_gateway(pool: WorkerPool | None, grants: tuple[str, ...], python: str
 def _check_name(name: str) -> None:
     if not name.isidentifier():
         raise ValueError(f"{name!r} is not a Python variable name")
-
-
-def _exit_description(code: int | None) -> str:
-    if code is None:
-        return "the kernel stopped answering"
-    return f"the kernel {describe_exit(code)}"
-
-
-def _names_from(expression_result: dict[str, Any] | None) -> list[str]:
-    if not expression_result or expression_result.get("status") != "ok":
-        return []
-    try:
-        value = ast.literal_eval(expression_result["data"]["text/plain"])
-    except (KeyError, ValueError, SyntaxError):
-        return []
-    return [str(v) for v in value]
 
 
 class SyncSession:
@@ -815,7 +495,7 @@ class SyncSession:
         return self._session.supervisor_pid
 
     @property
-    def watchdog(self) -> Watchdog | RemoteDeadline | None:
+    def watchdog(self) -> DeadlineView | None:
         """``Session.watchdog``."""
         return self._session.watchdog
 

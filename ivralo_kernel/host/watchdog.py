@@ -11,6 +11,11 @@ so each subscriber, ours and each client's, gets its own ``iopub_welcome``; ours
 our subscription is live, after which we say hello to the kernel's broker. IOPub can drop messages
 under an output flood, so before killing, the watchdog asks the kernel over control whether the
 execution is still running.
+
+It also decides how each execution a host caller waits for ends (``outcomes``, host/outcome.py): a
+loss (its kill, the tree's exit, its own end) resolves every open one, at once; the caller's reply
+to an interrupted execution is held until the tree has settled. The tree's exit wakes the thread
+through a pidfd, so a crash is seen when it happens, not at the next sample.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from ivralo_kernel.host.escalation import DeadlinePolicy, Escalation, Phase
 from ivralo_kernel.host.kernel_channels import KernelChannels
 from ivralo_kernel.host.memory_watch import MemoryWatch
 from ivralo_kernel.host.observer import Observer
+from ivralo_kernel.host.outcome import Outcome, Outcomes
 from ivralo_kernel.protocol import names
 
 if TYPE_CHECKING:  # the broker (sqlalchemy, httpx) is loaded by the host that has one, not by a raw launch
@@ -117,6 +123,7 @@ class Watchdog:
         self.memory = MemoryWatch(settings.memory_soft_limit_bytes, settings.memory_hard_limit_bytes, self._log)
         self.broker = BrokerLink(broker, comm_id, clock) if broker is not None else None
         self.loss: Loss | None = None
+        self.outcomes = Outcomes(held=self._held)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"ivralo-watchdog-{root_pid}", daemon=True)
 
@@ -134,6 +141,14 @@ class Watchdog:
 
     def phase_of(self, msg_id: str) -> Phase | None:
         return self.deadlines.phase_of(msg_id) if self.deadlines is not None else None
+
+    def outcome(self, msg_id: str) -> Outcome:
+        """(any thread) How ``msg_id`` ends: its reply (given by the caller's reader) or the tree's loss."""
+        return self.outcomes.of(msg_id)
+
+    def _held(self, msg_id: str) -> bool:
+        """A reply to ``msg_id`` waits: the deadline interrupted it and its tree has not settled yet."""
+        return self.deadlines is not None and self.deadlines.interrupted(msg_id) and not self.deadlines.settled(msg_id)
 
     def settled(self, msg_id: str) -> bool:
         """Its escalation is over (finished, interrupted and quiet, or killed), or there is none."""
@@ -172,8 +187,11 @@ class Watchdog:
         channels = self.channels
         poll_s = self.settings.observer_poll_ms / 1000
         next_sample = self._clock()
+        exit_fd = _pidfd(self.root_pid)  # readable once the tree's root has exited
         try:
             channels.open()
+            if exit_fd is not None:
+                channels.wake_on(exit_fd)
             while not self._stop.is_set() and self.loss is None:
                 now = self._clock()
                 wakeups = self.deadlines.wakeups(now) if self.deadlines is not None else []
@@ -181,18 +199,28 @@ class Watchdog:
                 if self.broker is not None:
                     self.broker.say_hello(channels, subscribed=self.observer.ready)
                 now = self._clock()
-                if now >= next_sample:
+                sampled = now >= next_sample
+                if sampled:
                     next_sample = now + poll_s
                     self._check_memory()
-                    self._check_exit()
+                if sampled or exit_fd is not None:  # with a pidfd, at once; without, at each sample
+                    if self._check_exit() and exit_fd is not None:
+                        channels.forget(exit_fd)  # it stays readable: the outcomes are lost already
+                        os.close(exit_fd)
+                        exit_fd = None
                 if self.deadlines is not None and self.loss is None:
                     if self._turn is not None and (holding := self._turn(self._started)) is not None:
                         self.deadlines.on_turn(*holding)
                     self.deadlines.advance(now, channels, self._on_control)
+                self.outcomes.settle()
         except Exception:  # noqa: BLE001 - a watchdog that dies silently is worse than a logged one
             self._log.exception("ivralo watchdog for pid %s stopped", self.root_pid)
         finally:
             channels.close()
+            if exit_fd is not None:
+                os.close(exit_fd)
+            # Nobody watches the tree from here on: whoever waits must not wait for us.
+            self.outcomes.lose_all("the kernel's watchdog stopped")
 
     def _on_iopub(self, msg: dict[str, Any]) -> None:
         self.observer.ready = True
@@ -251,16 +279,23 @@ class Watchdog:
         if cause is not None:
             self._kill(None, cause)
 
-    def _check_exit(self) -> None:
-        """The supervisor's own deadline backstop ended the tree (it exits 124): that is a loss too,
-        of the execution we saw running, if any."""
-        if self._exit_status() == names.DEADLINE_EXIT_STATUS and self.deadlines is not None:
+    def _check_exit(self) -> bool:
+        """Has the tree's root exited? Every open execution is then lost. The supervisor's own
+        deadline backstop ended it (it exits 124): that is a loss too, of the execution we saw
+        running, if any."""
+        status = self._exit_status()
+        if status is None:
+            return False
+        if status == names.DEADLINE_EXIT_STATUS and self.deadlines is not None:
             self._record_loss(self.current_execution(), self.deadlines.cause)
+        self.outcomes.lose_all(f"the kernel's process tree exited ({status})")
+        return True
 
     def _kill(self, msg_id: str | None, cause: str) -> None:
         self._log.warning("ivralo: ending the kernel's process tree (%s; %s)", cause, self.observer.describe())
         loss = self._record_loss(msg_id, cause, announce=False)
         self._kill_tree()
+        self.outcomes.lose_all(cause)  # after the kill: whoever waits finds the tree gone
         if self._on_loss is not None:
             self._on_loss(loss)
 
@@ -273,6 +308,14 @@ class Watchdog:
         if announce and self._on_loss is not None:
             self._on_loss(self.loss)
         return self.loss
+
+
+def _pidfd(pid: int) -> int | None:
+    """A descriptor that polls readable once ``pid`` has exited (Linux 5.3+), or None."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
 
 
 def _requester(msg: dict[str, Any]) -> tuple[bytes, ...]:

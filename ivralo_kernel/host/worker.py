@@ -7,17 +7,24 @@ within ``bootstrap_timeout_ms`` is killed and explained (``WorkerBootstrapError`
 
 from __future__ import annotations
 
+import asyncio
+import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from jupyter_client.asynchronous.client import AsyncKernelClient
 
 from ivralo_kernel.host.config import WorkerConfig
-from ivralo_kernel.host.dataplane import Exchange
+from ivralo_kernel.host.dataplane import Exchange, checked_size, decode_segment
+from ivralo_kernel.host.history_ledger import HistoryRecorder
 from ivralo_kernel.host.interpreters import KernelLaunch
+from ivralo_kernel.host.kernel_worker import Asker, KernelHost, Transfer
 from ivralo_kernel.host.manager import IvraloKernelManager
+from ivralo_kernel.host.off_loop import off_loop
+from ivralo_kernel.host.outcome import Outcome
 from ivralo_kernel.host.processes import tree_of
 from ivralo_kernel.host.sandbox import SandboxUnavailable
 from ivralo_kernel.host.watchdog import Watchdog
@@ -41,6 +48,8 @@ class WorkerSettings:
 
 
 class Worker:
+    """A kernel this host started (a ``KernelWorker``): its manager, its client, its provisioner."""
+
     def __init__(self, km: IvraloKernelManager, kc: AsyncKernelClient, kernel_info: dict[str, Any]) -> None:
         self.km, self.kc, self.kernel_info = km, kc, kernel_info
         self.last_used = time.monotonic()
@@ -91,34 +100,111 @@ class Worker:
         )
 
     @property
+    def host(self) -> KernelHost | None:
+        """The kernel's provisioner (an ``IvraloProvisioner``: ``IvraloKernelManager`` starts no other)."""
+        return cast("KernelHost | None", self.km.provisioner)
+
+    @property
     def pid(self) -> int | None:
         """The kernel process (not the supervisor)."""
         pid = (self.kernel_info.get(names.KERNEL_INFO_SECTION) or {}).get("pid")
         if not pid:
             return None
-        mapper = getattr(self.km.provisioner, "host_pid", None)  # in a sandbox it reports its inner pid
-        return int(mapper(int(pid))) if mapper else int(pid)
+        host = self.host  # in a sandbox it reports its inner pid
+        return int(host.host_pid(int(pid))) if host is not None else int(pid)
 
     @property
     def supervisor_pid(self) -> int | None:
-        find = getattr(self.km.provisioner, "supervisor_pid", None)
-        return find() if callable(find) else getattr(self.km.provisioner, "pid", None)
+        return self.host.supervisor_pid() if self.host is not None else None
 
     @property
     def watchdog(self) -> Watchdog | None:
-        return getattr(self.km.provisioner, "watchdog", None)
+        return self.host.watchdog if self.host is not None else None
 
     def exit_status(self) -> int | None:
-        process = getattr(self.km.provisioner, "process", None)
+        process = self.host.process if self.host is not None else None
         return process.poll() if process is not None else None
+
+    def outcome(self, msg_id: str) -> Outcome:
+        """How ``msg_id`` ends; the provisioner's watchdog decides a loss (a kernel without one: only
+        its reply does)."""
+        watchdog = self.watchdog
+        return watchdog.outcome(msg_id) if watchdog is not None else Outcome(msg_id)
+
+    def take_session(self, grants: frozenset[str], ask: Asker | None, on_asking: Callable[[bool], None]) -> None:
+        """The grants go to the kernel's broker; its questions (e.g. an unknown host) to ``ask``, on the
+        calling loop (the broker asks from its own thread)."""
+        host = self.host
+        if host is None:
+            return
+        host.set_broker_grants(grants)
+        broker = host.broker
+        if broker is None:
+            return
+        if ask is None:
+            broker.asker = None  # a pooled worker must not keep another session's asker
+            return
+        loop = asyncio.get_running_loop()
+
+        async def asking(question: str, choices: tuple[str, ...]) -> str:
+            return str(await ask(question, choices))
+
+        def bridge(question: str, choices: tuple[str, ...]) -> str:
+            on_asking(True)
+            try:
+                return asyncio.run_coroutine_threadsafe(asking(question, choices), loop).result()
+            finally:  # the person's time does not count against the call's deadline
+                on_asking(False)
+
+        broker.asker = bridge
+
+    def history_recorder(self) -> HistoryRecorder | None:
+        """The provisioner's recorder of the kernel's history (host/history_ledger.py)."""
+        return self.host.history_recorder if self.host is not None else None
+
+    def _exchange(self) -> Exchange:
+        if self.exchange is None:
+            folder = self.host.exchange_dir if self.host is not None else None
+            if not folder:
+                raise RuntimeError("this worker's provisioner made no exchange folder: tables cannot be sent")
+            self.exchange = Exchange(folder)
+        return self.exchange
+
+    async def fetch(self, call: Transfer, envelope: dict[str, Any], cap: int, why: str) -> Any:
+        """The prepared bytes through a shared-memory segment the host reserved (it never maps it)."""
+        exchange = self._exchange()
+        path, capacity = exchange.reserve(checked_size(call.operation, envelope, "size", cap, why))
+        try:
+            written = json.loads(await call.value(f"{names.DATAPLANE_NAME}.write({path!r}, {capacity})"))
+            length = checked_size(call.operation, written, "size", capacity, "the segment the host reserved")
+            data = await off_loop(exchange.read, length)
+            return await off_loop(decode_segment, envelope, data, length)
+        except BaseException:
+            exchange.discard()  # a late answer may still write: into a segment nobody reads again
+            raise
+        finally:
+            exchange.settle()
+
+    async def inject(self, call: Transfer, name: str, table: Any, kind: str, size: int) -> None:
+        """The table's Arrow IPC stream through a shared-memory segment, bound by the kernel as ``name``."""
+        exchange = self._exchange()
+        path, capacity = exchange.reserve(size)
+        try:
+            length = await off_loop(exchange.write_table, table)
+            await call.value(f"{names.DATAPLANE_NAME}.receive({name!r}, {path!r}, {capacity}, {length}, {kind!r})")
+        except BaseException:
+            exchange.discard()
+            raise
+        finally:
+            exchange.settle()
 
     async def is_alive(self) -> bool:
         return bool(await self.km.is_alive())
 
     async def kill(self) -> None:
         """End the whole tree now (no shutdown request, no grace)."""
-        if self.km.provisioner is not None:
-            await self.km.provisioner.kill()
+        if self.host is not None:
+            await self.host.kill()
 
     async def stop(self) -> None:
         """Kill the tree, then release the sockets. Never waits on the threads reading from it."""
