@@ -20,7 +20,8 @@ import ivralo_kernel.host as host
 from ivralo_kernel import protocol
 from ivralo_kernel.host.attach import AttachedSession, SyncAttachedSession
 from ivralo_kernel.host.pool import WorkerPool
-from ivralo_kernel.host.session import Session, SyncSession
+from ivralo_kernel.host.session import Session
+from ivralo_kernel.host.sync_session import SyncSession
 from ivralo_kernel.protocol import errors
 
 pytestmark = pytest.mark.fast  # starts no process: the fast tier (make test-fast)

@@ -26,7 +26,8 @@ if TYPE_CHECKING:  # the same names as _WHERE, for type checkers (tests/test_hos
     from ivralo_kernel.host.namespace import NamespaceTimeoutError, NamespaceWorkerLostError
     from ivralo_kernel.host.pool import HostMemoryError, WorkerPool, WorkerPoolExhaustedError
     from ivralo_kernel.host.provisioner import IvraloProvisioner
-    from ivralo_kernel.host.session import Session, SyncSession
+    from ivralo_kernel.host.session import Session
+    from ivralo_kernel.host.sync_session import SyncSession
     from ivralo_kernel.protocol import ConfigError, IvraloError, WorkerBootstrapError
 
 # name -> the module that defines it; __all__ lists the same names (tests/test_host_api.py pins them).
@@ -45,7 +46,7 @@ _WHERE = {
     "NamespaceWorkerLostError": "ivralo_kernel.host.namespace",
     "NewerChangeError": "ivralo_kernel.host.history_store",
     "Session": "ivralo_kernel.host.session",
-    "SyncSession": "ivralo_kernel.host.session",
+    "SyncSession": "ivralo_kernel.host.sync_session",
     "TransferRefusedError": "ivralo_kernel.host.dataplane",
     "UnsupportedValueError": "ivralo_kernel.host.dataplane",
     "WorkerBootstrapError": "ivralo_kernel.protocol",
