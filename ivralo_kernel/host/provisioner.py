@@ -26,6 +26,7 @@ from traitlets.config import Config
 from ivralo_kernel import compat
 from ivralo_kernel.host import prewarm
 from ivralo_kernel.host.broker import BrokerResponder
+from ivralo_kernel.host.bwrap_choice import SandboxUnavailable, choose_bwrap
 from ivralo_kernel.host.channel_relay import ChannelRelay
 from ivralo_kernel.host.config_watch import DOTENV, WorkspaceFiles, protected_in_sandbox
 from ivralo_kernel.host.egress import PERSON_ANSWER_TIMEOUT_S
@@ -38,7 +39,7 @@ from ivralo_kernel.host.kernel_resources import KernelResources, Resource
 from ivralo_kernel.host.kernel_tree import SIGNAL_KILL_NOW, SUPERVISOR_KILL_BUDGET_S, discard  # noqa: F401 - kept here too
 from ivralo_kernel.host.kernel_watch import KernelWatch, killed_cell_text  # noqa: F401 - its text, named here too
 from ivralo_kernel.host.off_loop import off_loop
-from ivralo_kernel.host.sandbox import SandboxUnavailable, choose_bwrap, dotenv_for_kernel, prepare_workspace
+from ivralo_kernel.host.sandbox import dotenv_for_kernel, prepare_workspace
 from ivralo_kernel.host.sandbox_launch import SandboxFolder, SandboxStart, kernel_connection, sandboxed_command
 from ivralo_kernel.host.settings import IvraloSettings, config_file_layers
 from ivralo_kernel.host.spare_adoption import SpareAdoption

@@ -38,12 +38,13 @@ import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from ivralo_kernel.host.bwrap_choice import choose_bwrap
 from ivralo_kernel.host.closed_paths import TOOL_FILES_DEFAULT
 from ivralo_kernel.host.config_files import config_files
 from ivralo_kernel.host.config_watch import DOTENV, WorkspaceFiles, protected_in_sandbox
 from ivralo_kernel.host.history_ledger import HistoryRecorder
 from ivralo_kernel.host.kernelspec import SUPERVISOR_MODULE
-from ivralo_kernel.host.sandbox import choose_bwrap, dotenv_for_kernel, prepare_workspace
+from ivralo_kernel.host.sandbox import dotenv_for_kernel, prepare_workspace
 from ivralo_kernel.host.sandbox_launch import (
     CHANNELS,
     SandboxFolder,

@@ -17,6 +17,7 @@ from typing import Any, cast
 
 from jupyter_client.asynchronous.client import AsyncKernelClient
 
+from ivralo_kernel.host.bwrap_choice import SandboxUnavailable
 from ivralo_kernel.host.config import WorkerConfig
 from ivralo_kernel.host.dataplane import Exchange, checked_size, decode_segment
 from ivralo_kernel.host.history_ledger import HistoryRecorder
@@ -26,7 +27,6 @@ from ivralo_kernel.host.manager import IvraloKernelManager
 from ivralo_kernel.host.off_loop import off_loop
 from ivralo_kernel.host.outcome import Outcome
 from ivralo_kernel.host.processes import tree_of
-from ivralo_kernel.host.sandbox import SandboxUnavailable
 from ivralo_kernel.host.watchdog import Watchdog
 from ivralo_kernel.protocol import WorkerBootstrapError, names
 from ivralo_kernel.protocol.worker_log import last_start_failure
