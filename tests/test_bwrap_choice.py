@@ -30,8 +30,8 @@ from kernel_helpers import execute
 from sandbox_cases import sh, started_kernel
 
 from ivralo_kernel.host import Session, WorkerConfig
-from ivralo_kernel.host import bwrap_choice as sandbox_module
-from ivralo_kernel.host.bwrap_choice import (
+from ivralo_kernel.host.sandbox import bwrap as sandbox_module
+from ivralo_kernel.host.sandbox.bwrap import (
     BWRAP_OPTIONS,
     BWRAP_REQUIRED,
     IPYTHON_LAYER,
@@ -41,7 +41,7 @@ from ivralo_kernel.host.bwrap_choice import (
     system_prefers_its_bwrap,
     wheel_bwrap,
 )
-from ivralo_kernel.host.sandbox import SandboxPlan, lacked_options
+from ivralo_kernel.host.sandbox.plan import SandboxPlan, lacked_options
 from ivralo_kernel.protocol import names
 
 FAST_FAILURE_S = 10.0  # a start that fails "at once": far below the 60 s bootstrap budget, loaded machine too

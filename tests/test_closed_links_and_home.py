@@ -2,7 +2,7 @@
 from a cell, and judged on the host's disk after the cell:
 
 1. a closed name that is a symlink at start (``.vscode -> ../shared-vscode``) can be neither removed
-   nor replaced: the host mounts the link over itself from outside (protocol/link_mounts.py), and
+   nor replaced: the host mounts the link over itself from outside (protocol/sandbox/link_mounts.py), and
    code inside still reads the person's settings through it (tests/test_sandbox_as_nobody.py runs
    this file again as an unprivileged user, whose sandbox is a nested user namespace);
 2. with the workspace = ``$HOME``, no new top-level entry (``~/.newtool``, ``~/.foorc``) can be made:
@@ -105,7 +105,7 @@ def test_a_link_changed_while_the_kernel_ran_is_named_in_the_hosts_log(
     ws = tmp_path / "ws"
     (ws / "editor").mkdir(parents=True)
     (ws / ".vscode").symlink_to("editor")
-    with caplog.at_level(logging.WARNING, logger="ivralo_kernel.host.closed_paths"):
+    with caplog.at_level(logging.WARNING, logger="ivralo_kernel.host.sandbox.closed_paths"):
         with started_kernel(SANDBOXED_KERNEL, ws):
             (ws / ".vscode").unlink()
             (ws / ".vscode").mkdir()
@@ -184,7 +184,7 @@ def test_with_the_workspace_the_home_folder_no_new_top_level_entry_appears(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kernel_name: str
 ) -> None:
     """In the sandbox by its mounts; in the fallback by Landlock, which grants each existing non-dot
-    entry of the home folder and not the folder itself (kernel/home_top.py)."""
+    entry of the home folder and not the folder itself (kernel/sandbox/home_top.py)."""
     home = tmp_path / "home"
     (home / "projects").mkdir(parents=True)
     (home / "notes.txt").write_text("the person's\n")
@@ -223,7 +223,7 @@ def test_with_the_workspace_the_home_folder_no_new_top_level_entry_appears(
 def test_the_supervisor_reads_covered_links_from_the_mount_table(tmp_path: Path) -> None:
     """What the supervisor waits on: a link's mount point in mountinfo (escaped as Linux writes it),
     and the host's list, refused unless it is absolute paths."""
-    from ivralo_kernel.protocol.link_mounts import mount_points, parse
+    from ivralo_kernel.protocol.sandbox.link_mounts import mount_points, parse
 
     table = tmp_path / "mountinfo"
     table.write_text(
@@ -239,10 +239,10 @@ def test_the_supervisor_reads_covered_links_from_the_mount_table(tmp_path: Path)
 
 @pytest.mark.fast
 def test_the_fallbacks_grants_leave_out_the_home_folders_top_level(tmp_path: Path) -> None:
-    """kernel/home_top.py: with the workspace = /home-like folder holding $HOME deeper down, each level
+    """kernel/sandbox/home_top.py: with the workspace = /home-like folder holding $HOME deeper down, each level
     on the way keeps its top; the home folder's non-dot entries are granted, its dot-entries and
     links are not; the kernel's own history folder is."""
-    from ivralo_kernel.kernel.home_top import write_grants
+    from ivralo_kernel.kernel.sandbox.home_top import write_grants
 
     ws = tmp_path / "home"
     me = ws / "me"

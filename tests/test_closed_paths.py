@@ -18,7 +18,7 @@ from conftest import SANDBOXED_KERNEL
 from kernel_helpers import execute
 from sandbox_cases import sh, started_kernel
 
-from ivralo_kernel.host.closed_paths import TOOL_FILES_DEFAULT
+from ivralo_kernel.host.sandbox.closed_paths import TOOL_FILES_DEFAULT
 
 CLOSED = (".git", ".ivralo", "databases.json", *TOOL_FILES_DEFAULT)
 FOLDERS = {".git", ".ivralo", ".vscode", ".idea", ".claude", ".cursor", ".zed", ".devcontainer", ".github"}
@@ -368,7 +368,7 @@ def test_a_placeholder_the_person_filled_is_theirs(workspace: Path) -> None:
 @pytest.mark.fast
 def test_every_default_and_its_reason_is_documented() -> None:
     """A closed name added in the code without its row in the docs fails here."""
-    from ivralo_kernel.protocol.closed_names import HOME_FILES, TOOL_FILES
+    from ivralo_kernel.protocol.sandbox.closed_names import HOME_FILES, TOOL_FILES
 
     text = (Path(__file__).resolve().parents[1] / "docs" / "workspace-files.md").read_text()
     for name, why in TOOL_FILES.items():
@@ -403,7 +403,7 @@ def test_the_write_guard_names_each_closed_path() -> None:
 
 @pytest.mark.fast
 def test_read_only_mounts_are_read_from_the_mount_table(tmp_path: Path) -> None:
-    from ivralo_kernel.kernel.mounts import read_only_mounts_inside
+    from ivralo_kernel.kernel.sandbox.mounts import read_only_mounts_inside
 
     table = tmp_path / "mountinfo"
     table.write_text(

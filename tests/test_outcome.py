@@ -1,4 +1,4 @@
-"""One outcome per execution (host/outcome.py): the client's reply and the watchdog's loss race, and
+"""One outcome per execution (host/watch/outcome.py): the client's reply and the watchdog's loss race, and
 exactly one decides, once. Driven with real threads and, for the race with the deadline, a real
 kernel, its provisioner's watchdog and its real deadline kill, judged from the process table."""
 
@@ -15,8 +15,8 @@ import pytest
 from conftest import gone, wait_until_async
 
 from ivralo_kernel.host import WorkerConfig
-from ivralo_kernel.host.outcome import Lost, Outcome, Outcomes, Replied
-from ivralo_kernel.host.worker import Worker, WorkerSettings
+from ivralo_kernel.host.agent.worker import Worker, WorkerSettings
+from ivralo_kernel.host.watch.outcome import Lost, Outcome, Outcomes, Replied
 
 DEADLINE_MS = 600
 

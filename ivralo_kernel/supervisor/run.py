@@ -100,7 +100,7 @@ def _seccomp(direct_links: bool = False) -> str:
     """The base seccomp filter over us and the kernel's tree: bwrap loaded it already in a sandbox
     (``--seccomp``, before our first instruction); in the fallback it is installed here, before the
     kernel is forked. Returns who installed it (``bwrap``, ``supervisor``) or why there is none."""
-    from ivralo_kernel.protocol import seccomp
+    from ivralo_kernel.protocol.sandbox import seccomp
 
     arch = seccomp.this_arch()
     if arch is None:
@@ -122,12 +122,12 @@ def _seccomp(direct_links: bool = False) -> str:
 
 def _wait_for_link_covers() -> None:
     """The closed names that are links: the host mounts each over itself from outside (it alone
-    can: protocol/link_mounts.py); the kernel starts once each is a mount point here. One the host
+    can: protocol/sandbox/link_mounts.py); the kernel starts once each is a mount point here. One the host
     could not cover is said on stderr, and the host's log names it if it was replaced by the end."""
     given = os.environ.pop(names.ENV_COVER_LINKS, None)
     if given is None:
         return
-    from ivralo_kernel.protocol import link_mounts
+    from ivralo_kernel.protocol.sandbox import link_mounts
 
     try:
         paths = link_mounts.parse(given)
