@@ -1,7 +1,7 @@
 """An ivralo kernel through a Jupyter Kernel Gateway on loopback against a local one, pair by pair:
 start to ready (``Session`` created to its first ``pass`` answered), the ``1+1`` round trip, and a
 DataFrame's MB/s in (``inject_dataframe``) and out (``get_dataframe``). Locally the table travels
-through shared memory; through the gateway as binary websocket buffers (host/gateway.py).
+through shared memory; through the gateway as binary websocket buffers (host/agent/gateway/worker.py).
 
     .venv/bin/python bench/gateway.py [--trials N] [--mb 100] [--round-trips 50]
 """
@@ -48,7 +48,7 @@ def kernel_gateway(root: Path) -> Iterator[str]:
         f"--KernelGatewayApp.auth_token={token}",
         # As docs/agents.md says to run it: each websocket frame sent at once (TCP_NODELAY).
         "--KernelGatewayApp.kernel_websocket_connection_class="
-        "ivralo_kernel.host.prompt_websocket.PromptKernelWebsocketConnection",
+        "ivralo_kernel.host.jupyter.prompt_websocket.PromptKernelWebsocketConnection",
     ]  # fmt: skip
     with open(root / "kernel-gateway.log", "w") as log:
         proc = subprocess.Popen(cmd, cwd=root, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

@@ -25,7 +25,7 @@ from pathlib import Path
 from jupyter_client.blocking.client import BlockingKernelClient
 from jupyter_client.connect import write_connection_file
 
-from ivralo_kernel.host.kernelspec import kernel_spec_dict
+from ivralo_kernel.host.jupyter.kernelspec import kernel_spec_dict
 
 KINDS = ("plain", "ivralo-raw")
 BIG_OUTPUT = "print('x' * 1_000_000)"

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 import psutil
 from jupyter_client.manager import AsyncKernelManager
 
-from ivralo_kernel.host.manager import IvraloKernelManager
+from ivralo_kernel.host.jupyter.manager import IvraloKernelManager
 
 if TYPE_CHECKING:
     from harness_api import Context, Metric

@@ -30,8 +30,8 @@ from startup_latency import isolate_jupyter
 
 KINDS = ("with", "without")
 SITE = {
-    "with": "import ivralo_kernel.protocol.seccomp\n",
-    "without": "import ivralo_kernel.protocol.seccomp as s\ns.install = lambda *args, **kwargs: None\n",
+    "with": "import ivralo_kernel.protocol.sandbox.seccomp\n",
+    "without": "import ivralo_kernel.protocol.sandbox.seccomp as s\ns.install = lambda *args, **kwargs: None\n",
 }
 
 
@@ -56,7 +56,7 @@ def roundtrip(kc: Any, code: str, timeout: float = 60) -> float:
 def one(kind: str, workspace: Path, cells: int) -> dict[str, Any]:
     from jupyter_client.manager import KernelManager
 
-    from ivralo_kernel.host import sandbox_launch
+    from ivralo_kernel.host.sandbox import launch as sandbox_launch
 
     original = sandbox_launch._seccomp_program_fd
     if kind == "without":
@@ -88,7 +88,7 @@ def one(kind: str, workspace: Path, cells: int) -> dict[str, Any]:
 # (ioctl, here FIONREAD on a pipe), with the filters against without them.
 MICRO = r"""
 import fcntl, os, struct, sys, time, termios
-from ivralo_kernel.protocol import seccomp
+from ivralo_kernel.protocol.sandbox import seccomp
 CALLS = 200_000
 r, w = os.pipe()
 def per_call(fn):

@@ -105,7 +105,7 @@ def isolate_jupyter(root: Path) -> dict[str, str]:
 def install_spec_with(name: str, **provisioner_config: Any) -> str:
     """An ivralo kernelspec ``name`` with these provisioner settings (e.g. ``sandbox="off"``), next to
     the one ``isolate_jupyter`` installed; returns its name, for ``Bench.kernel_names``."""
-    from ivralo_kernel.host.kernelspec import kernel_spec_dict
+    from ivralo_kernel.host.jupyter.kernelspec import kernel_spec_dict
 
     spec_dir = Path(os.environ["JUPYTER_PATH"]) / "kernels" / name
     spec_dir.mkdir(parents=True, exist_ok=True)

@@ -10,7 +10,7 @@ from typing import Any
 from jupyter_client.blocking.client import BlockingKernelClient
 from jupyter_client.channels import HBChannel
 
-from ivralo_kernel.host.outputs import CellOutput
+from ivralo_kernel.host.agent.outputs import CellOutput
 
 
 @dataclass

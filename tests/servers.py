@@ -115,7 +115,7 @@ def loopback_http(*addresses: str) -> Iterator[int]:
 
 
 # The gateway as docs/agents.md says to run it: each websocket frame sent at once (TCP_NODELAY).
-PROMPT_WEBSOCKET = "ivralo_kernel.host.prompt_websocket.PromptKernelWebsocketConnection"
+PROMPT_WEBSOCKET = "ivralo_kernel.host.jupyter.prompt_websocket.PromptKernelWebsocketConnection"
 
 
 @contextmanager

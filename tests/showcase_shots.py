@@ -42,7 +42,7 @@ def refusal() -> list[str]:
 
 
 def deadline_kill() -> list[str]:
-    from ivralo_kernel.host.provisioner import killed_cell_text
+    from ivralo_kernel.host.jupyter.provisioner import killed_cell_text
     from ivralo_kernel.protocol import names
 
     cause = f"timeout: execution exceeded deadline_ms={DEADLINE_MS}"  # DeadlineWatch.cause
@@ -51,8 +51,8 @@ def deadline_kill() -> list[str]:
 
 def egress_question() -> list[str]:
     from ivralo_kernel.guards.network import hosts_tried_line
-    from ivralo_kernel.host.egress import cell_question
-    from ivralo_kernel.host.person_question import prompt_text
+    from ivralo_kernel.host.sandbox.egress import cell_question
+    from ivralo_kernel.host.sandbox.person_question import prompt_text
 
     asked = prompt_text(cell_question("localhost", 1).replace("port 1", "port " + VARIES), ["yes", "no"]).rstrip()
     return _fragments(asked, hosts_tried_line({"localhost": "allowed (yes this time)"}))

@@ -14,7 +14,7 @@ from jupyter_client.kernelspec import KernelSpec, KernelSpecManager
 from jupyter_client.manager import KernelManager
 
 from ivralo_kernel.host import Session, SyncSession
-from ivralo_kernel.host.attach import AttachError
+from ivralo_kernel.host.agent.attach import AttachError
 
 
 class _PlainSpecs(KernelSpecManager):  # type: ignore[misc]

@@ -320,7 +320,7 @@ def test_the_record_line_is_saved_in_the_notebook(
 
 
 async def test_calls_per_execution_are_limited(workspace: Path, endpoint: Endpoint, operations: Path) -> None:
-    from ivralo_kernel.host.broker import CALLS_PER_EXECUTION
+    from ivralo_kernel.host.broker.responder import CALLS_PER_EXECUTION
 
     code = (
         f"for i in range({CALLS_PER_EXECUTION + 1}):\n"

@@ -30,19 +30,18 @@ from kernel_helpers import execute
 from sandbox_cases import sh, started_kernel
 
 from ivralo_kernel.host import Session, WorkerConfig
-from ivralo_kernel.host import sandbox as sandbox_module
-from ivralo_kernel.host.sandbox import (
+from ivralo_kernel.host.sandbox import bwrap as sandbox_module
+from ivralo_kernel.host.sandbox.bwrap import (
     BWRAP_OPTIONS,
     BWRAP_REQUIRED,
     IPYTHON_LAYER,
-    SandboxPlan,
     SandboxUnavailable,
     choose_bwrap,
-    lacked_options,
     probe,
     system_prefers_its_bwrap,
     wheel_bwrap,
 )
+from ivralo_kernel.host.sandbox.plan import SandboxPlan, lacked_options
 from ivralo_kernel.protocol import names
 
 FAST_FAILURE_S = 10.0  # a start that fails "at once": far below the 60 s bootstrap budget, loaded machine too

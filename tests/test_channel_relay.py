@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import zmq
 
-from ivralo_kernel.host.channel_relay import SHELL_AND_STDIN_IDENTITY, ChannelRelay
+from ivralo_kernel.host.sandbox.channel_relay import SHELL_AND_STDIN_IDENTITY, ChannelRelay
 from ivralo_kernel.protocol.processes import channel_url
 
 pytestmark = pytest.mark.fast  # threads and ipc sockets, no process
@@ -258,7 +258,7 @@ def test_the_proxy_checks_the_address_it_reached_before_a_byte_goes_up(tmp_path:
     when it was judged): 403, and the listener there reads nothing but the connection's end."""
     import socket
 
-    from ivralo_kernel.host.egress_proxy import EgressProxy, Verdict
+    from ivralo_kernel.host.sandbox.egress_proxy import EgressProxy, Verdict
 
     listener = socket.create_server(("127.0.0.1", 0))
     closed_port = listener.getsockname()[1]

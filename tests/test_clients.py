@@ -155,7 +155,7 @@ def test_raw_launch_of_kernel_json_like_vscode(workspace: Path, tmp_path: Path) 
 
 @pytest.mark.fast
 def test_kernelspec_in_repo_matches_the_generator() -> None:
-    from ivralo_kernel.host.kernelspec import kernel_spec_dict
+    from ivralo_kernel.host.jupyter.kernelspec import kernel_spec_dict
 
     shipped = json.loads((Path(__file__).parents[1] / "kernelspec" / "kernel.json").read_text())
     assert shipped == kernel_spec_dict(python="python")

@@ -7,7 +7,6 @@ ones must not disturb the person's own git, and must be gone when the last kerne
 from __future__ import annotations
 
 import json
-import logging
 import os
 import subprocess
 import sys
@@ -19,7 +18,7 @@ from conftest import SANDBOXED_KERNEL
 from kernel_helpers import execute
 from sandbox_cases import sh, started_kernel
 
-from ivralo_kernel.host.closed_paths import TOOL_FILES_DEFAULT
+from ivralo_kernel.host.sandbox.closed_paths import TOOL_FILES_DEFAULT
 
 CLOSED = (".git", ".ivralo", "databases.json", *TOOL_FILES_DEFAULT)
 FOLDERS = {".git", ".ivralo", ".vscode", ".idea", ".claude", ".cursor", ".zed", ".devcontainer", ".github"}
@@ -168,20 +167,6 @@ def test_a_closed_entry_that_is_a_symlink_is_closed_at_its_target(workspace: Pat
     assert (ws / ".vscode").is_symlink()
 
 
-def test_a_replaced_link_is_named_in_the_hosts_log(workspace: Path, caplog: pytest.LogCaptureFixture) -> None:
-    """The one thing the sandbox cannot close: a link in the writable workspace folder can itself be
-    replaced (a mount follows the link). The host says so when the kernel ends."""
-    (workspace / "editor").mkdir()
-    (workspace / ".vscode").symlink_to("editor")
-    with caplog.at_level(logging.WARNING, logger="ivralo_kernel.host.closed_paths"):
-        with started_kernel(SANDBOXED_KERNEL, workspace) as (_, kc):
-            sh(kc, "rm .vscode && mkdir .vscode")
-        with started_kernel(SANDBOXED_KERNEL, workspace):  # .vscode is a folder now: closed, nothing to say
-            pass
-    said = [r.getMessage() for r in caplog.records if "was a link to" in r.getMessage()]
-    assert len(said) == 1 and str(workspace / ".vscode") in said[0], said
-
-
 @pytest.fixture
 def repo(tmp_path: Path) -> Path:
     """The person's repository, with a commit; the workspace will be a subfolder of it."""
@@ -259,6 +244,7 @@ def test_with_the_workspace_the_home_folder_every_dot_entry_stays_closed(
     monkeypatch.setenv("HOME", str(home))
     before = sorted(os.listdir(home))
     evil_ls = "#!/bin/sh\necho evil\n"
+    git_alone = subprocess.run(["git", "config", "--global", "--list"], capture_output=True, text=True, timeout=30)
     with started_kernel(SANDBOXED_KERNEL, home) as (_, kc):
         said = sh(
             kc,
@@ -273,12 +259,14 @@ def test_with_the_workspace_the_home_folder_every_dot_entry_stays_closed(
             "    try:\n        os.makedirs(os.path.dirname(p) or '.', exist_ok=True); open(p, 'w').write('evil')\n"
             "    except OSError as e:\n        print(p, e)\n",
         )
-        # The person's login shell, while the kernel runs: the placeholders change nothing it does.
+        # The person's login shell, while the kernel runs: the sandbox changes nothing it does.
         login = subprocess.run(["bash", "-l", "-c", "true"], capture_output=True, text=True, timeout=30)
         git = subprocess.run(["git", "config", "--global", "--list"], capture_output=True, text=True, timeout=30)
     assert "PROFILE-RAN" in login.stdout, (login.stdout, login.stderr)
     assert not login.stderr.strip(), login.stderr
-    assert git.returncode in (0, 1) and not git.stderr.strip(), git.stderr  # the person's git reads its config
+    # The person's git reads its config as it does with no kernel running (the home folder gets no
+    # placeholders: its top level is read-only inside instead).
+    assert (git.returncode, git.stdout, git.stderr) == (git_alone.returncode, git_alone.stdout, git_alone.stderr)
     assert (home / ".bashrc").read_text() == "# the person's\n", said
     for rel in (".ssh", ".local", ".config", ".bash_profile", ".zshrc", ".unlisted-rc"):
         assert not (home / rel).exists(), (rel, said, done.stdout)
@@ -380,7 +368,7 @@ def test_a_placeholder_the_person_filled_is_theirs(workspace: Path) -> None:
 @pytest.mark.fast
 def test_every_default_and_its_reason_is_documented() -> None:
     """A closed name added in the code without its row in the docs fails here."""
-    from ivralo_kernel.protocol.closed_names import HOME_FILES, TOOL_FILES
+    from ivralo_kernel.protocol.sandbox.closed_names import HOME_FILES, TOOL_FILES
 
     text = (Path(__file__).resolve().parents[1] / "docs" / "workspace-files.md").read_text()
     for name, why in TOOL_FILES.items():
@@ -403,7 +391,9 @@ def test_the_write_guard_names_each_closed_path() -> None:
     assert "run `git init` outside" not in str(decide_write("open", "/w/sub/.git/config", policy))
     assert "dot-entry of the home folder" in str(decide_write("open", "/w/.unlisted-rc", policy))
     assert decide_write("open", "/w/.ipython/profile_default/history.sqlite", policy) is None
-    assert decide_write("open", "/w/notes.txt", policy) is None
+    # /w/notes.txt does not exist: a new entry at the top of the home folder (which is read-only inside).
+    assert "Work in a subfolder" in str(decide_write("open", "/w/notes.txt", policy))
+    assert decide_write("open", "/w/sub/notes.txt", policy) is None
     for refused in (["git", "init"], ["git", "-C", ".", "init", "-q"], "git init", ["sh", "-c", "git init ."]):
         assert decide_start(refused, ws, policy) is not None, refused
     for allowed in (["git", "init", "sub"], "cd sub && git init", ["git", "init", "--bare", "x"], ["git", "status"]):
@@ -413,7 +403,7 @@ def test_the_write_guard_names_each_closed_path() -> None:
 
 @pytest.mark.fast
 def test_read_only_mounts_are_read_from_the_mount_table(tmp_path: Path) -> None:
-    from ivralo_kernel.kernel.mounts import read_only_mounts_inside
+    from ivralo_kernel.kernel.sandbox.mounts import read_only_mounts_inside
 
     table = tmp_path / "mountinfo"
     table.write_text(

@@ -11,7 +11,7 @@ import pytest
 from kernel_helpers import execute
 
 from ivralo_kernel.host import Session, WorkerConfig
-from ivralo_kernel.host.settings import IvraloAgent, IvraloSettings
+from ivralo_kernel.host.settings.resolve import IvraloAgent, IvraloSettings
 from ivralo_kernel.protocol import KernelPolicy, names
 from ivralo_kernel.protocol.code_gate import (
     RULE_ATTRIBUTES,

@@ -18,7 +18,7 @@ from jupyter_client.kernelspec import KernelSpec, KernelSpecManager
 from sandbox_cases import sh
 from test_vscode_launch import raw_launch
 
-from ivralo_kernel.protocol.container import ENV_CONTAINER_ROOT
+from ivralo_kernel.protocol.sandbox.container import ENV_CONTAINER_ROOT
 
 pytestmark = pytest.mark.timeout(240)
 HOST_ADVICE = ("sysctl", "unprivileged_userns_clone")
@@ -115,7 +115,7 @@ def test_in_a_pod_with_defaults_the_banner_names_each_gap_with_the_pods_settings
 
 
 def test_outside_a_container_doctor_says_nothing_of_one(tmp_path: Path) -> None:
-    from ivralo_kernel.protocol.container import detect
+    from ivralo_kernel.protocol.sandbox.container import detect
 
     empty = tmp_path / "root"
     empty.mkdir()

@@ -28,7 +28,7 @@ def test_docker_default_refuses_namespaces_and_the_keyring() -> None:
 
 
 def test_bwrap_cannot_build_a_sandbox_in_the_default_profile_but_can_with_userns() -> None:
-    from ivralo_kernel.host.sandbox import find_bwrap
+    from ivralo_kernel.host.sandbox.bwrap import find_bwrap
 
     bwrap = find_bwrap() or shutil.which("bwrap")
     if bwrap is None:

@@ -28,8 +28,8 @@ from ivralo_kernel.host import (
     UnsupportedValueError,
     WorkerConfig,
 )
-from ivralo_kernel.host.dataplane import SEGMENT_PREFIX, SHM
-from ivralo_kernel.host.sandbox import SandboxPlan
+from ivralo_kernel.host.sandbox.exchange_folder import SEGMENT_PREFIX, SHM
+from ivralo_kernel.host.sandbox.plan import SandboxPlan
 
 ROWS_100MB = 6_553_600  # two 8-byte columns: 104,857,600 bytes
 SLOW_REPR = "import time\nclass {name}:\n    def __repr__(self):\n        time.sleep({seconds})\n        return 's'\n"

@@ -17,7 +17,7 @@ from jupyter_client.kernelspec import KernelSpecManager
 from kernel_helpers import execute, raw_client
 
 from ivralo_kernel.host import Session, WorkerConfig
-from ivralo_kernel.host.escalation import Phase
+from ivralo_kernel.host.watch.escalation import Phase
 
 DEADLINE_MS, GRACE_MS = 1500, 700
 BOUND_S = (DEADLINE_MS + GRACE_MS + 250) / 1000
@@ -149,7 +149,7 @@ async def test_a_forged_question_does_not_stop_the_deadline(workspace: Path) -> 
     """The host pauses a deadline only while its tree is quiet. Judged by a client that is not the
     agent API (whose own fallback would mask the watchdog): the cell ends within deadline + grace
     + 250 ms, interrupted (the loop takes the KeyboardInterrupt)."""
-    from ivralo_kernel.host.manager import IvraloKernelManager
+    from ivralo_kernel.host.jupyter.manager import IvraloKernelManager
 
     manager = IvraloKernelManager.for_settings(
         python=sys.executable, sandbox="off", deadline_ms=DEADLINE_MS, interrupt_grace_ms=GRACE_MS

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from ivralo_kernel.cli.app import build_parser
-from ivralo_kernel.host.config import WorkerConfig
-from ivralo_kernel.host.provisioner import IvraloProvisioner
-from ivralo_kernel.host.session import Session
+from ivralo_kernel.host.agent.session import Session
+from ivralo_kernel.host.jupyter.provisioner import IvraloProvisioner
+from ivralo_kernel.host.settings.config import WorkerConfig
 
 pytestmark = pytest.mark.fast  # reads files only: the fast tier
 
@@ -266,7 +266,7 @@ def test_interface_public_names_are_documented() -> None:
 
 # Claims about the code's knobs and methods -----------------------------------------------------------
 def _is_setting(section: str, name: str) -> bool:
-    from ivralo_kernel.host.settings import SECTIONS, IvraloAgent
+    from ivralo_kernel.host.settings.resolve import SECTIONS, IvraloAgent
 
     return section in SECTIONS and name in IvraloAgent.class_trait_names(config=True)
 

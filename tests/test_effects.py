@@ -12,7 +12,7 @@ import pytest
 
 from ivralo_kernel.cli.app import main
 from ivralo_kernel.host import Session
-from ivralo_kernel.host.history_store import HistoryStore
+from ivralo_kernel.host.history.store import HistoryStore
 
 WRITES = """
 open('kept.txt', 'w').write('new')                 # Python overwrites: the old one is kept first

@@ -27,8 +27,8 @@ from nbclient import NotebookClient
 from sandbox_cases import counting_http
 from test_prewarm import pool, spec  # noqa: F401 - a warm-pool kernelspec and a fresh pool
 
-from ivralo_kernel.host import prewarm
-from ivralo_kernel.host.outputs import CellOutput
+from ivralo_kernel.host.agent.outputs import CellOutput
+from ivralo_kernel.host.jupyter import prewarm
 from ivralo_kernel.protocol.trust import set_trust
 
 QUESTION = "Code in this cell wants to reach localhost, this machine, port {port}. Allow? [{choices}] "

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from sandbox_cases import counting_http
 
-from ivralo_kernel.host.egress import AGENT_QUESTION, cell_question, grant_key
-from ivralo_kernel.protocol.egress import is_loopback, load_egress_policy
-from ivralo_kernel.protocol.egress_names import (
+from ivralo_kernel.host.sandbox.egress import AGENT_QUESTION, cell_question, grant_key
+from ivralo_kernel.protocol.network.egress import is_loopback, load_egress_policy
+from ivralo_kernel.protocol.network.egress_names import (
     LINK_LOCAL,
     PRIVATE,
     THIS_MACHINE,
@@ -169,7 +169,7 @@ def test_the_allow_list_matches_what_a_name_means(tmp_path: Path) -> None:
 def test_the_desk_asks_each_spelling_as_this_machine(tmp_path: Path, spelling: str) -> None:
     """The host's desk, as the egress proxy calls it: the question names 127.0.0.1 (or 0.0.0.0),
     this machine, the spelling and the port; a "no" is a refusal."""
-    from ivralo_kernel.host.egress import EgressDesk
+    from ivralo_kernel.host.sandbox.egress import EgressDesk
 
     asked: list[str] = []
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ivralo_kernel.host.egress import allow_always, load_egress_policy
+from ivralo_kernel.host.sandbox.egress import allow_always, load_egress_policy
 
 pytestmark = pytest.mark.fast  # starts no process: the fast tier (make test-fast)
 
@@ -81,7 +81,7 @@ def test_always_is_recorded_in_the_workspace(workspace: Path, home: Path) -> Non
 
 
 def test_the_loopback_keyword_allows_all_of_loopback_and_nothing_else(tmp_path: Path) -> None:
-    from ivralo_kernel.protocol.egress import load_egress_policy
+    from ivralo_kernel.protocol.network.egress import load_egress_policy
 
     (tmp_path / ".ivralo").mkdir()
     (tmp_path / ".ivralo" / "permissions.json").write_text('{"hosts": {"allow": ["loopback:8080"]}}')

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ivralo_kernel.host.escalation import Action, DeadlinePolicy, Escalation, Phase
+from ivralo_kernel.host.watch.escalation import Action, DeadlinePolicy, Escalation, Phase
 
 pytestmark = pytest.mark.fast  # starts no process: the fast tier (make test-fast)
 

@@ -1,4 +1,4 @@
-"""The fallback's read allow list (protocol/fallback_reads.py): what it grants around the closed
+"""The fallback's read allow list (protocol/sandbox/fallback_reads.py): what it grants around the closed
 paths, and what Landlock then refuses, in a child process (Landlock cannot be undone), judged by
 what the child's ``cat`` could copy into a file the test reads."""
 
@@ -13,7 +13,12 @@ from pathlib import Path
 import pytest
 
 from ivralo_kernel.guards.landlock import abi
-from ivralo_kernel.protocol.fallback_reads import closed_reads, jupyter_runtime_dir, read_allow_list, split_around
+from ivralo_kernel.protocol.sandbox.fallback_reads import (
+    closed_reads,
+    jupyter_runtime_dir,
+    read_allow_list,
+    split_around,
+)
 
 SECRET = "fake-key-91d0c3"
 
@@ -88,7 +93,7 @@ subprocess.run(['sh', '-c', script], timeout=30)
 
 
 def test_without_the_read_floor_the_report_says_what_is_readable() -> None:
-    from ivralo_kernel.kernel.sandbox_report import fallback_note, sandbox_layers
+    from ivralo_kernel.kernel.sandbox.sandbox_report import fallback_note, sandbox_layers
 
     for landlock in (
         "off (turned off by the host's settings)",

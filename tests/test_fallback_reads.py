@@ -146,12 +146,14 @@ def test_the_fallback_reads_and_sockets_are_closed(tmp_path: Path) -> None:
     assert got["history"][1] >= 1 and got["ipython folder"] is True, got
 
 
+# In docker-stacks' work/ folder: the home folder's top level takes no new entry (its dot-entries
+# stay closed, existing or not: tests/test_closed_links_and_home.py), so work goes on in a subfolder.
 EVERYDAY_IN_HOME = r"""
 import json, os
-with open("made-after-start.csv", "w") as f:
+with open("work/made-after-start.csv", "w") as f:
     f.write("a,b\n1,2\n")
-listed = "made-after-start.csv" in os.listdir(".")
-print(json.dumps({"read back": open("made-after-start.csv").read(), "listed": listed}))
+listed = "work" in os.listdir(".") and "made-after-start.csv" in os.listdir("work")
+print(json.dumps({"read back": open("work/made-after-start.csv").read(), "listed": listed}))
 """
 
 
@@ -161,7 +163,7 @@ def test_with_the_workspace_the_home_folder_a_cell_reads_back_what_it_wrote(tmp_
     """docker-stacks' JupyterLab runs in /home/jovyan: the workspace is the home folder, which holds the
     runtime folder. The read floor grants the workspace whole, so the newcomer's first cells work."""
     home = tmp_path / "home"
-    home.mkdir()
+    (home / "work").mkdir(parents=True)  # as docker-stacks' image has it
     moved = ("JUPYTER_CONFIG_DIR", "JUPYTER_DATA_DIR", "JUPYTER_RUNTIME_DIR", "IPYTHONDIR", "MPLCONFIGDIR")
     env = {k: v for k, v in os.environ.items() if k not in (*moved, "IVRALO_CONFIG_HOME", "XDG_CONFIG_HOME")}
     env["HOME"] = str(home)
@@ -177,4 +179,4 @@ def test_with_the_workspace_the_home_folder_a_cell_reads_back_what_it_wrote(tmp_
     ]
     got = json.loads("".join(streams).strip().splitlines()[-1])
     assert got == {"read back": "a,b\n1,2\n", "listed": True}, got
-    assert (home / "made-after-start.csv").read_text() == "a,b\n1,2\n"
+    assert (home / "work" / "made-after-start.csv").read_text() == "a,b\n1,2\n"

@@ -22,7 +22,7 @@ from servers import kernel_gateway
 from test_broker import KEY, KEY_NAME, Endpoint, endpoint  # noqa: F401 - the loopback API endpoint fixture
 
 from ivralo_kernel.host import Session, WorkerConfig
-from ivralo_kernel.host.processes import find_in_tree, host_pid
+from ivralo_kernel.host.watch.processes import find_in_tree, host_pid
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 TOKEN = uuid.uuid4().hex

@@ -138,7 +138,7 @@ async def test_tables_on_the_hermetic_surface_point_to_the_project_one(workspace
     import pandas as pd
 
     from ivralo_kernel.host import Session
-    from ivralo_kernel.host.dataplane import ArrowMissingError
+    from ivralo_kernel.host.agent.dataplane import ArrowMissingError
 
     async with Session(workspace=workspace, surface="hermetic") as session:
         with pytest.raises(ArrowMissingError, match="the hermetic surface does not offer"):

@@ -16,8 +16,8 @@ import pytest
 from ivralo_kernel.cli.app import main
 from ivralo_kernel.guards.history import History
 from ivralo_kernel.host import Session, SyncSession, WorkerConfig
-from ivralo_kernel.host.history_ledger import MAX_INDEX_BYTES, HistoryRecorder, closed_reason
-from ivralo_kernel.host.history_store import HistoryError, HistoryStore, NewerChangeError
+from ivralo_kernel.host.history.ledger import MAX_INDEX_BYTES, HistoryRecorder, closed_reason
+from ivralo_kernel.host.history.store import HistoryError, HistoryStore, NewerChangeError
 from ivralo_kernel.protocol.history_index import INDEX, copy_id, parse_line
 
 # Binary, and different for each file: a restore that mixed them up, or decoded them, shows.

@@ -18,9 +18,10 @@ import pytest
 
 import ivralo_kernel.host as host
 from ivralo_kernel import protocol
-from ivralo_kernel.host.attach import AttachedSession, SyncAttachedSession
-from ivralo_kernel.host.pool import WorkerPool
-from ivralo_kernel.host.session import Session, SyncSession
+from ivralo_kernel.host.agent.attach import AttachedSession, SyncAttachedSession
+from ivralo_kernel.host.agent.pool import WorkerPool
+from ivralo_kernel.host.agent.session import Session
+from ivralo_kernel.host.agent.sync_session import SyncSession
 from ivralo_kernel.protocol import errors
 
 pytestmark = pytest.mark.fast  # starts no process: the fast tier (make test-fast)
@@ -203,7 +204,7 @@ def test_every_error_the_host_raises_is_exported_and_an_ivralo_error() -> None:
 
 
 def test_existing_except_clauses_keep_working() -> None:
-    from ivralo_kernel.host.history_store import NewerChangeError
+    from ivralo_kernel.host.history.store import NewerChangeError
 
     assert issubclass(host.NamespaceTimeoutError, TimeoutError)
     assert issubclass(host.NamespaceWorkerLostError, RuntimeError)
@@ -221,3 +222,35 @@ def test_security_error_is_defined_once() -> None:
         if isinstance(node, ast.ClassDef) and node.name == "SecurityError"
     ]
     assert defined == ["protocol/errors.py"], defined
+
+
+# Strings other code names: older installs' entry point, people's Jupyter configs, a kernel.json
+# written by hand. They keep working after host/ moved into sub-rooms.
+OLD_NAMES = {
+    "ivralo_kernel.host.provisioner": ("IvraloProvisioner", "ivralo_kernel.host.jupyter.provisioner"),
+    "ivralo_kernel.host.prompt_websocket": (
+        "PromptKernelWebsocketConnection",
+        "ivralo_kernel.host.jupyter.prompt_websocket",
+    ),
+}
+
+
+@pytest.mark.parametrize("old", sorted(OLD_NAMES))
+def test_the_old_import_paths_still_name_the_same_class(old: str) -> None:
+    name, new = OLD_NAMES[old]
+    assert getattr(importlib.import_module(old), name) is getattr(importlib.import_module(new), name)
+
+
+def test_the_provisioners_entry_point_loads_it() -> None:
+    from importlib.metadata import entry_points
+
+    (point,) = entry_points(group="jupyter_client.kernel_provisioners", name="ivralo-provisioner")
+    assert point.load() is importlib.import_module("ivralo_kernel.host.jupyter.provisioner").IvraloProvisioner
+
+
+def test_the_old_raw_launch_module_runs_the_new_one() -> None:
+    shim = PACKAGE / "host" / "raw_launch.py"
+    calls = [node for node in ast.walk(ast.parse(shim.read_text())) if isinstance(node, ast.Call)]
+    (target,) = [c.args[0].value for c in calls if getattr(c.func, "attr", "") == "run_module"]
+    assert target == protocol.names.RAW_LAUNCH_MODULE == "ivralo_kernel.host.jupyter.raw_launch"
+    assert callable(importlib.import_module(target).main)

@@ -20,7 +20,7 @@ import pytest
 from conftest import gone, wait_until
 
 from ivralo_kernel.host import Session, WorkerConfig
-from ivralo_kernel.host.sandbox_limits import inotify_instances_allowed, inotify_watches_allowed
+from ivralo_kernel.host.sandbox.limits import inotify_instances_allowed, inotify_watches_allowed
 
 pytestmark = pytest.mark.timeout(180)
 

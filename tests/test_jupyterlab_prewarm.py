@@ -25,7 +25,7 @@ from test_jupyterlab import CHROMIUM, CHROMIUM_ARGS, TOKEN, open_notebook, playw
 from test_jupyterlab import pytestmark as lab_marks
 
 from ivralo_kernel.cli.install import install
-from ivralo_kernel.host.sandbox import availability
+from ivralo_kernel.host.sandbox.bwrap import availability
 
 SPEC = "ivralo-lab-spares"
 DISPLAY = "Python (ivralo, warm spares)"

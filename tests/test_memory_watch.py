@@ -1,4 +1,4 @@
-"""The watchdog's memory handler alone (host/memory_watch.py): the soft limit's notice comes once per
+"""The watchdog's memory handler alone (host/watch/memory.py): the soft limit's notice comes once per
 episode, the hard limit names its cause. The whole path, with a real kernel, is in test_session.py."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import logging
 
 import pytest
 
-from ivralo_kernel.host.memory_watch import MemoryWatch
-from ivralo_kernel.host.observer import Sample
+from ivralo_kernel.host.watch.memory import MemoryWatch
+from ivralo_kernel.host.watch.observer import Sample
 
 pytestmark = pytest.mark.fast
 

@@ -21,7 +21,7 @@ from servers import loopback_http
 from ivralo_kernel.guards.landlock import abi
 from ivralo_kernel.guards.network import NetworkGuard
 from ivralo_kernel.host import Session, WorkerConfig
-from ivralo_kernel.host.provisioner import IvraloProvisioner
+from ivralo_kernel.host.jupyter.provisioner import IvraloProvisioner
 from ivralo_kernel.protocol import ConfigError, KernelPolicy, names
 
 ABI = abi()

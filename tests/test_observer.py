@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ivralo_kernel.host.observer import Observer, Sample
+from ivralo_kernel.host.watch.observer import Observer, Sample
 
 pytestmark = pytest.mark.fast  # starts no process: the fast tier (make test-fast)
 

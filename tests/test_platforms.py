@@ -38,7 +38,7 @@ def test_each_entry_point_says_ivralo_needs_linux(platform: str, system: str, en
 
 def test_jupyter_loading_the_provisioner_gets_the_same_sentence(tmp_path: Path) -> None:
     code = (
-        "try:\n    import ivralo_kernel.host.provisioner\n"
+        "try:\n    import ivralo_kernel.host.jupyter.provisioner\n"
         "except ImportError as exc:\n    print(exc)\n    raise SystemExit(3)"
     )
     done = _as("darwin", code, tmp_path)
@@ -48,6 +48,8 @@ def test_jupyter_loading_the_provisioner_gets_the_same_sentence(tmp_path: Path) 
 
 def test_on_linux_nothing_is_said(tmp_path: Path) -> None:
     done = _as(
-        "linux", "from ivralo_kernel.protocol.platform_support import unsupported; print(unsupported())", tmp_path
+        "linux",
+        "from ivralo_kernel.protocol.sandbox.platform_support import unsupported; print(unsupported())",
+        tmp_path,
     )
     assert done.stdout.strip() == "None", done

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import gone, wait_until, wait_until_async
 
-import ivralo_kernel.host.pool as pool_module
+import ivralo_kernel.host.agent.pool as pool_module
 from ivralo_kernel.host import Session, WorkerConfig, WorkerPool
 
 

@@ -16,8 +16,8 @@ from jupyter_client import KernelManager
 from kernel_helpers import execute
 
 from ivralo_kernel.cli.install import install
-from ivralo_kernel.host import prewarm
-from ivralo_kernel.host.sandbox import availability
+from ivralo_kernel.host.jupyter import prewarm
+from ivralo_kernel.host.sandbox.bwrap import availability
 
 SPEC = "ivralo-prewarm"
 HOLD_S = 20.0  # how long the pipe's other holder keeps it (a shutdown takes well under 5 s)
@@ -104,7 +104,6 @@ def test_another_workspace_starts_cold(spec: str, pool: prewarm.SparePool, tmp_p
         first.shutdown_kernel(now=True)
         pool.close()
     assert not pool.ready_pids()
-
 
 
 @pytest.mark.timeout(60)

@@ -10,7 +10,7 @@ import sys
 
 from conftest import kill_tree
 
-from ivralo_kernel.host.observer import sample_tree
+from ivralo_kernel.host.watch.observer import sample_tree
 
 # A parent that starts a child, says its pid, and waits.
 PARENT = (

@@ -17,9 +17,9 @@ from kernel_helpers import execute
 
 from ivralo_kernel.cli.app import main
 from ivralo_kernel.host import ConfigError, Session, WorkerConfig, WorkerPool
-from ivralo_kernel.host.interpreters import Interpreter, InterpreterError, discover, launch_for, private_path
-from ivralo_kernel.host.kernelspec import kernel_spec_dict
-from ivralo_kernel.host.test_runs import MARKER, run_report
+from ivralo_kernel.host.agent.test_runs import MARKER, run_report
+from ivralo_kernel.host.jupyter.interpreters import Interpreter, InterpreterError, discover, launch_for, private_path
+from ivralo_kernel.host.jupyter.kernelspec import kernel_spec_dict
 from ivralo_kernel.protocol import names
 from ivralo_kernel.protocol.bootstrap import BOOTSTRAP, module_argv
 from ivralo_kernel.protocol.trust import set_trust
@@ -285,7 +285,7 @@ def test_install_project_spec(tmp_path: Path, workspace: Path, capsys: pytest.Ca
 def test_a_workspace_venv_is_read_never_run_on_the_host(tmp_path: Path) -> None:
     """Code in a kernel can write a venv in its workspace: the host learns what it needs from the
     venv's files, and runs nothing of it (its python, a .pth line) outside the sandbox."""
-    from ivralo_kernel.host.interpreters import probe
+    from ivralo_kernel.host.jupyter.interpreters import probe
 
     venv, marker = tmp_path / "proj" / ".venv", tmp_path / "ran-on-the-host"
     python = script(venv / "bin" / "python", f"touch {marker}")  # what a planted interpreter would do

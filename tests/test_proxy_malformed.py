@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 from servers import free_port
 
-from ivralo_kernel.host.egress_proxy import EgressProxy, Verdict
-from ivralo_kernel.protocol.proxying import MAX_HEAD_BYTES
+from ivralo_kernel.host.sandbox.egress_proxy import EgressProxy, Verdict
+from ivralo_kernel.protocol.network.proxying import MAX_HEAD_BYTES
 from ivralo_kernel.supervisor.relay import Relay
 
 pytestmark = pytest.mark.fast  # threads and sockets only, no process
@@ -160,7 +160,7 @@ def test_a_head_that_never_comes_is_answered_in_time(
     proxy: tuple[EgressProxy, list[tuple[str, int]]], trouble: Trouble, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A connection that sends half a head and waits holds no thread for ever."""
-    from ivralo_kernel.protocol import proxying
+    from ivralo_kernel.protocol.network import proxying
 
     monkeypatch.setattr(proxying, "HEAD_TIMEOUT_S", 0.5)
     server, asked = proxy

@@ -241,8 +241,8 @@ def test_no_signal_reaches_outside_and_no_metadata_changes(sandboxed: BlockingKe
 
 async def test_a_start_that_must_have_the_sandbox_says_so(workspace: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``sandbox='required'`` where no bwrap can be found refuses to start, saying why."""
-    from ivralo_kernel.host import sandbox as sandbox_module
-    from ivralo_kernel.host.manager import IvraloKernelManager
+    from ivralo_kernel.host.jupyter.manager import IvraloKernelManager
+    from ivralo_kernel.host.sandbox import bwrap as sandbox_module
 
     monkeypatch.setattr(sandbox_module, "bwrap_candidates", list)  # a machine without bubblewrap
     manager = IvraloKernelManager.for_settings(python=PYTHON, sandbox="required")

@@ -21,8 +21,8 @@ from conftest import FALLBACK_KERNEL, SANDBOXED_KERNEL
 from kernel_helpers import execute
 from sandbox_cases import started_kernel
 
-from ivralo_kernel.protocol import seccomp
-from ivralo_kernel.protocol.bpf import BpfError, Program
+from ivralo_kernel.protocol.sandbox import seccomp
+from ivralo_kernel.protocol.sandbox.bpf import BpfError, Program
 
 ARCH = seccomp.this_arch()
 pytestmark = pytest.mark.skipif(ARCH is None, reason="seccomp filters are built for x86_64 and aarch64 only")

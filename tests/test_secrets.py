@@ -152,6 +152,8 @@ def test_started_in_the_home_folder_the_persons_config_stays_closed(
     }
     for path, text in originals.items():
         path.write_text(text)
+    # A file already at the top: the home folder's top level takes no new entry (tests/test_closed_links_and_home.py).
+    (home / "notes.txt").write_text("")
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.delenv("IVRALO_CONFIG_HOME", raising=False)
     monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)

@@ -1,4 +1,4 @@
-"""One settings model (host/settings.py): one default and one "unset" per setting, read by every host
+"""One settings model (host/settings/resolve.py): one default and one "unset" per setting, read by every host
 from Jupyter's config path, overridable on the command line and in Python, shown by
 ``ivralo-kernel config``; and what ``install`` writes so that a raw launch (VS Code) enforces it too."""
 
@@ -13,7 +13,7 @@ from test_vscode_launch import raw_launch
 
 from ivralo_kernel.cli.app import main
 from ivralo_kernel.host import ConfigError, IvraloProvisioner, Session, WorkerConfig, WorkerPool
-from ivralo_kernel.host.settings import IvraloAgent, IvraloSettings, JupyterHostSettings
+from ivralo_kernel.host.settings.resolve import IvraloAgent, IvraloSettings, JupyterHostSettings
 from ivralo_kernel.protocol import names
 
 fast = pytest.mark.fast

@@ -53,7 +53,7 @@ def test_text_of_several_lines_keeps_its_lines_and_tabs_only() -> None:
 
 @pytest.mark.fast
 def test_the_hosts_relay_of_kernel_output_escapes_too() -> None:
-    from ivralo_kernel.host.kernel_output import printable
+    from ivralo_kernel.host.sandbox.kernel_output import printable
 
     assert printable("ok\t1\n\x1b]52;c;cm0gLXJmIH4=\x07\u202e\n") == "ok\t1\n\\x1b]52;c;cm0gLXJmIH4=\\x07\\u202e\n"
 

@@ -407,7 +407,7 @@ def test_a_raw_launch_records_its_history_for_the_person(workspace: Path, tmp_pa
     """The raw-launch host records the write guard's copies as the provisioner does: after VS Code
     ends the kernel, the person's `history` lists and restores the genuine copy, and not a line a
     cell forged with sh for .vscode/settings.json. Judged by the files on disk."""
-    from ivralo_kernel.host.history_store import HistoryStore
+    from ivralo_kernel.host.history.store import HistoryStore
 
     ws = Path(os.path.realpath(workspace))
     (ws / "notes.txt").write_text("the person's notes\n")

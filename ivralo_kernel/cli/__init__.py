@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ivralo_kernel.protocol.platform_support import exit_unless_linux
+from ivralo_kernel.protocol.sandbox.platform_support import exit_unless_linux
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -95,7 +95,7 @@ def _mcp(args: argparse.Namespace) -> int:
 def _chosen(settings: tuple[str, ...], flags: dict[str, Any]) -> dict[str, Any]:
     """The values this command line sets (``--IvraloSettings.NAME=`` and the command's flags), checked
     together; the rest come from the config files, which the provisioner reads itself."""
-    from ivralo_kernel.host.settings import JupyterHostSettings, command_line_layer, resolve
+    from ivralo_kernel.host.settings.resolve import JupyterHostSettings, command_line_layer, resolve
 
     given = {k: v for k, v in flags.items() if v is not None}
     chosen = resolve(JupyterHostSettings, [command_line_layer(settings)], given, given_label="flag")
@@ -127,7 +127,7 @@ def _trust(args: argparse.Namespace) -> int:
     verb = "Trusted" if args.command == "trust" else "No longer trusted"
     print(f"{verb}: {folder}\n(recorded in {written}; kernels started there from now on see the change)")
     if args.command == "trust":
-        from ivralo_kernel.host.config_watch import approve
+        from ivralo_kernel.host.settings.workspace_files import approve
 
         for rel in approve(folder, os.environ):
             print(f"Approved {rel} as it is now (it had changed while a kernel of this folder ran)")

@@ -9,7 +9,7 @@ from typing import Any
 
 from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
 
-from ivralo_kernel.host.settings import (
+from ivralo_kernel.host.settings.resolve import (
     Effective,
     IvraloAgent,
     JupyterHostSettings,

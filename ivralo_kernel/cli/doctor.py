@@ -13,14 +13,16 @@ import tempfile
 from typing import Any
 
 from ivralo_kernel.host import Session, WorkerConfig
-from ivralo_kernel.host.broker import BrokerResponder
-from ivralo_kernel.host.observer import human_bytes
-from ivralo_kernel.host.prewarm import kernelspec_spares
-from ivralo_kernel.host.processes import tree_rss
-from ivralo_kernel.host.sandbox import choose_bwrap, dotenv_kept_out
-from ivralo_kernel.host.settings import JupyterHostSettings, config_file_layers, resolve
-from ivralo_kernel.protocol import container, database_env_names, names, scrub
+from ivralo_kernel.host.broker.responder import BrokerResponder
+from ivralo_kernel.host.jupyter.prewarm import kernelspec_spares
+from ivralo_kernel.host.sandbox.bwrap import choose_bwrap
+from ivralo_kernel.host.sandbox.plan import dotenv_kept_out
+from ivralo_kernel.host.settings.resolve import JupyterHostSettings, config_file_layers, resolve
+from ivralo_kernel.host.watch.observer import human_bytes
+from ivralo_kernel.host.watch.processes import tree_rss
+from ivralo_kernel.protocol import database_env_names, names, scrub
 from ivralo_kernel.protocol.credentials import RULE_FILE, ScrubRule, config_home, rule_problems
+from ivralo_kernel.protocol.sandbox import container
 from ivralo_kernel.protocol.terminal import terminal_safe
 
 GIB = 1 << 30

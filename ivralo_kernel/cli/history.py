@@ -6,7 +6,7 @@ import argparse
 import json
 import os
 
-from ivralo_kernel.host.history_store import (
+from ivralo_kernel.host.history.store import (
     GRACE_S,
     HistoryStore,
     described,
@@ -16,7 +16,7 @@ from ivralo_kernel.host.history_store import (
     local_time,
     parse_time,
 )
-from ivralo_kernel.host.settings import JupyterHostSettings, load
+from ivralo_kernel.host.settings.resolve import JupyterHostSettings, load
 from ivralo_kernel.protocol import IvraloError, names
 from ivralo_kernel.protocol.history_index import Entry
 from ivralo_kernel.protocol.terminal import terminal_safe

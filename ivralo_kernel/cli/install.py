@@ -16,8 +16,8 @@ from typing import Any
 from jupyter_client.kernelspec import KernelSpecManager
 
 import ivralo_kernel
-from ivralo_kernel.host.interpreters import discover, launch_for
-from ivralo_kernel.host.kernelspec import LOGO_SVG, kernel_spec_dict
+from ivralo_kernel.host.jupyter.interpreters import discover, launch_for
+from ivralo_kernel.host.jupyter.kernelspec import LOGO_SVG, kernel_spec_dict
 from ivralo_kernel.protocol import KernelSpecError, names
 
 

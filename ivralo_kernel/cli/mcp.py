@@ -1,4 +1,4 @@
-"""[cli] ``ivralo-kernel mcp``: the agent API as an MCP server (``host/mcp_server.py``), for Claude
+"""[cli] ``ivralo-kernel mcp``: the agent API as an MCP server (``host/agent/mcp_server.py``), for Claude
 Desktop and Claude Code, Cursor, VS Code's agent mode and any MCP client.
 
 stdout is the protocol's channel over stdio, so everything this command says goes to stderr."""
@@ -38,8 +38,8 @@ def serve_mcp(
     if missing:
         raise IvraloError(INSTALL_HINT)
     from ivralo_kernel.host import Session, WorkerConfig
-    from ivralo_kernel.host.mcp_questions import QuestionDesk
-    from ivralo_kernel.host.mcp_serve import serve_http, serve_stdio
+    from ivralo_kernel.host.agent.mcp_questions import QuestionDesk
+    from ivralo_kernel.host.agent.mcp_serve import serve_http, serve_stdio
 
     # The settings model as for `run`: config files, then --IvraloAgent.NAME=, then the flags; checked now,
     # so a bad value is refused before any client connects.

@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from ivralo_kernel.cli.progress import Mode, Progress
-from ivralo_kernel.host.manager import IvraloKernelManager
-from ivralo_kernel.host.outputs import CellOutput, effects_in, effects_line
-from ivralo_kernel.host.processes import still_running, tree_of
+from ivralo_kernel.host.agent.outputs import CellOutput, effects_in, effects_line
+from ivralo_kernel.host.jupyter.manager import IvraloKernelManager
+from ivralo_kernel.host.watch.processes import still_running, tree_of
 from ivralo_kernel.protocol import IvraloError, names
 from ivralo_kernel.protocol.messages import Effects
 from ivralo_kernel.protocol.terminal import terminal_safe

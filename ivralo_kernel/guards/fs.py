@@ -8,8 +8,9 @@ them directly.
   ``.git/`` and ``.ivralo/`` (any case spelling; a ``git init`` of the workspace folder too), ``.env``
   files, ivralo's configuration when the config home is the workspace, the tool files other programs
   run by themselves (``protocol.closed_names``, and in the sandbox its read-only mounts), and every
-  dot-entry of the home folder when the workspace holds it. The read-only role refuses every write,
-  and so does the hermetic surface (both keep the private temp folder, the hermetic surface's scratch).
+  dot-entry of the home folder when the workspace holds it, with any new entry at its top. The
+  read-only role refuses every write, and so does the hermetic surface (both keep the private temp
+  folder, the hermetic surface's scratch).
 * Reads are free except ``.env`` files (anywhere), ``.git/`` / ``.ivralo/`` (anywhere, any case) and
   the person's credential stores (``~/.ssh``, ``~/.aws``, ...: the policy's list).
 """
@@ -140,6 +141,14 @@ def decide_write(operation: str, path: str, policy: FsPolicy, starting: bool = F
             f"{path} is in a dot-entry of the home folder (the workspace holds it): shells, ssh, git and "
             "editors run or trust what is there, outside any review",
             STOP,
+        )
+    if in_home and os.path.dirname(path) == home and not os.path.lexists(path):
+        return refuse(
+            f"{path} would be a new entry at the top of the home folder (the workspace holds it): that level "
+            "stays as it is, so that no new dot-file or tool folder can appear there (shells, ssh, git and "
+            "editors run or trust what is there)",
+            "Work in a subfolder that is already there, or make one outside the kernel (mkdir ~/work in a "
+            f"terminal) and start the kernel there; files already at the top can be written. {STOP}",
         )
     for tool in policy.closed_tools:
         if _inside(path, tool):

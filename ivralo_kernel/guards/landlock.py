@@ -6,7 +6,7 @@ extensions, ``sh``, ``curl``), in this process and in every process it starts la
 
 * Write-type filesystem rights are handled; reads (``READ_FILE``, ``READ_DIR``) only when
   ``read_trees`` is given (the fallback, where no mount hides anything: an allow list of what a
-  kernel reads, see ``protocol/fallback_reads.py``). Executing is never handled.
+  kernel reads, see ``protocol/sandbox/fallback_reads.py``). Executing is never handled.
   ``IOCTL_DEV`` (ABI 5) is deliberately not handled: once handled, every device opened afterwards
   refuses non-generic ioctls unless a rule grants them, which breaks ``/dev/tty`` and ``/dev/pts``
   terminal control (``stty``, ``getpass``, pagers) and GPU devices, and it is not a write anyway.

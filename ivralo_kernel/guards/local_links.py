@@ -15,7 +15,7 @@ import os
 import socket
 import struct
 
-from ivralo_kernel.protocol.egress import is_loopback
+from ivralo_kernel.protocol.network.egress import is_loopback
 
 _LISTEN = "0A"  # TCP_LISTEN in /proc/net/tcp's "st" column
 _TABLES = ("/proc/net/tcp", "/proc/net/tcp6")

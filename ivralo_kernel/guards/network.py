@@ -27,7 +27,7 @@ from typing import Any
 
 from ivralo_kernel.guards.local_links import LocalLinks
 from ivralo_kernel.protocol import audience
-from ivralo_kernel.protocol.egress import PORTS_OF_A_HOST_WITHOUT_PORT, is_loopback
+from ivralo_kernel.protocol.network.egress import PORTS_OF_A_HOST_WITHOUT_PORT, is_loopback
 
 Judge = Callable[[str, "int | None"], "tuple[bool, str]"]
 _own = threading.local()

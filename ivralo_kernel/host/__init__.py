@@ -10,48 +10,49 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from ivralo_kernel.protocol.platform_support import unsupported
+from ivralo_kernel.protocol.sandbox.platform_support import unsupported
 
 if unsupported():  # Jupyter loads the provisioner from here: one sentence, not a failure deep inside
     raise ImportError(unsupported())
 
 if TYPE_CHECKING:  # the same names as _WHERE, for type checkers (tests/test_host_api.py keeps them in step)
-    from ivralo_kernel.host.attach import AttachError
-    from ivralo_kernel.host.config import WorkerConfig
-    from ivralo_kernel.host.dataplane import ArrowMissingError, TransferRefusedError, UnsupportedValueError
-    from ivralo_kernel.host.gateway import GatewayError
-    from ivralo_kernel.host.history_store import HistoryError, NewerChangeError
-    from ivralo_kernel.host.interpreters import InterpreterError
-    from ivralo_kernel.host.manager import IvraloKernelManager
-    from ivralo_kernel.host.namespace import NamespaceTimeoutError, NamespaceWorkerLostError
-    from ivralo_kernel.host.pool import HostMemoryError, WorkerPool, WorkerPoolExhaustedError
-    from ivralo_kernel.host.provisioner import IvraloProvisioner
-    from ivralo_kernel.host.session import Session, SyncSession
+    from ivralo_kernel.host.agent.attach import AttachError
+    from ivralo_kernel.host.agent.dataplane import ArrowMissingError, TransferRefusedError, UnsupportedValueError
+    from ivralo_kernel.host.agent.gateway.client import GatewayError
+    from ivralo_kernel.host.agent.namespace import NamespaceTimeoutError, NamespaceWorkerLostError
+    from ivralo_kernel.host.agent.pool import HostMemoryError, WorkerPool, WorkerPoolExhaustedError
+    from ivralo_kernel.host.agent.session import Session
+    from ivralo_kernel.host.agent.sync_session import SyncSession
+    from ivralo_kernel.host.history.store import HistoryError, NewerChangeError
+    from ivralo_kernel.host.jupyter.interpreters import InterpreterError
+    from ivralo_kernel.host.jupyter.manager import IvraloKernelManager
+    from ivralo_kernel.host.jupyter.provisioner import IvraloProvisioner
+    from ivralo_kernel.host.settings.config import WorkerConfig
     from ivralo_kernel.protocol import ConfigError, IvraloError, WorkerBootstrapError
 
 # name -> the module that defines it; __all__ lists the same names (tests/test_host_api.py pins them).
 _WHERE = {
-    "ArrowMissingError": "ivralo_kernel.host.dataplane",
-    "AttachError": "ivralo_kernel.host.attach",
+    "ArrowMissingError": "ivralo_kernel.host.agent.dataplane",
+    "AttachError": "ivralo_kernel.host.agent.attach",
     "ConfigError": "ivralo_kernel.protocol",
-    "GatewayError": "ivralo_kernel.host.gateway",
-    "HistoryError": "ivralo_kernel.host.history_store",
-    "HostMemoryError": "ivralo_kernel.host.pool",
-    "InterpreterError": "ivralo_kernel.host.interpreters",
+    "GatewayError": "ivralo_kernel.host.agent.gateway.client",
+    "HistoryError": "ivralo_kernel.host.history.store",
+    "HostMemoryError": "ivralo_kernel.host.agent.pool",
+    "InterpreterError": "ivralo_kernel.host.jupyter.interpreters",
     "IvraloError": "ivralo_kernel.protocol",
-    "IvraloKernelManager": "ivralo_kernel.host.manager",
-    "IvraloProvisioner": "ivralo_kernel.host.provisioner",
-    "NamespaceTimeoutError": "ivralo_kernel.host.namespace",
-    "NamespaceWorkerLostError": "ivralo_kernel.host.namespace",
-    "NewerChangeError": "ivralo_kernel.host.history_store",
-    "Session": "ivralo_kernel.host.session",
-    "SyncSession": "ivralo_kernel.host.session",
-    "TransferRefusedError": "ivralo_kernel.host.dataplane",
-    "UnsupportedValueError": "ivralo_kernel.host.dataplane",
+    "IvraloKernelManager": "ivralo_kernel.host.jupyter.manager",
+    "IvraloProvisioner": "ivralo_kernel.host.jupyter.provisioner",
+    "NamespaceTimeoutError": "ivralo_kernel.host.agent.namespace",
+    "NamespaceWorkerLostError": "ivralo_kernel.host.agent.namespace",
+    "NewerChangeError": "ivralo_kernel.host.history.store",
+    "Session": "ivralo_kernel.host.agent.session",
+    "SyncSession": "ivralo_kernel.host.agent.sync_session",
+    "TransferRefusedError": "ivralo_kernel.host.agent.dataplane",
+    "UnsupportedValueError": "ivralo_kernel.host.agent.dataplane",
     "WorkerBootstrapError": "ivralo_kernel.protocol",
-    "WorkerConfig": "ivralo_kernel.host.config",
-    "WorkerPool": "ivralo_kernel.host.pool",
-    "WorkerPoolExhaustedError": "ivralo_kernel.host.pool",
+    "WorkerConfig": "ivralo_kernel.host.settings.config",
+    "WorkerPool": "ivralo_kernel.host.agent.pool",
+    "WorkerPoolExhaustedError": "ivralo_kernel.host.agent.pool",
 }
 __all__ = [
     "ArrowMissingError",

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from ivralo_kernel.kernel.broker_client import BROKER, BrokerUnavailable
 from ivralo_kernel.protocol import names
-from ivralo_kernel.protocol.egress import load_egress_policy
+from ivralo_kernel.protocol.network.egress import load_egress_policy
 
 # Asking a person may take a while; the host pauses the cell's deadline meanwhile.
 EGRESS_ANSWER_TIMEOUT_S = 600.0

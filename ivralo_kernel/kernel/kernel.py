@@ -27,7 +27,7 @@ from traitlets import Type
 import ivralo_kernel.guards as guards_package
 import ivralo_kernel.kernel.api as api  # the submodules, not this package's namespace (which loads this module)
 import ivralo_kernel.kernel.dataplane as dataplane
-import ivralo_kernel.kernel.own_ports as own_ports
+import ivralo_kernel.kernel.sandbox.own_ports as own_ports
 import ivralo_kernel.kernel.surface_magics as surface_magics
 from ivralo_kernel import __version__, compat
 from ivralo_kernel.guards.network import hosts_tried_line

@@ -34,25 +34,25 @@ from ivralo_kernel.guards.history import History
 from ivralo_kernel.guards.landlock import LandlockResult, LandlockRules
 from ivralo_kernel.guards.landlock import apply as apply_landlock
 from ivralo_kernel.guards.network import install_network_guard
-from ivralo_kernel.kernel import own_ports
 from ivralo_kernel.kernel.broker_client import BROKER
 from ivralo_kernel.kernel.egress_judge import egress_judge
 from ivralo_kernel.kernel.launch_state import STATE
-from ivralo_kernel.kernel.mounts import read_only_mounts_inside
-from ivralo_kernel.kernel.sandbox_report import (
+from ivralo_kernel.kernel.sandbox import home_top, own_ports
+from ivralo_kernel.kernel.sandbox.mounts import read_only_mounts_inside
+from ivralo_kernel.kernel.sandbox.sandbox_report import (
     FALLBACK_DIRECT_REFUSAL,
     SANDBOX_DIRECT_REFUSAL,
     fallback_note,
     sandbox_layers,
     seccomp_report,
 )
+from ivralo_kernel.kernel.sandbox.unix_sockets import close_unix_sockets
 from ivralo_kernel.kernel.stages import SupervisorPipe, write_failure
-from ivralo_kernel.kernel.unix_sockets import close_unix_sockets
 from ivralo_kernel.protocol import KernelPolicy, audience, default_memory_limit, names
-from ivralo_kernel.protocol.closed_names import TOOL_FILES_DEFAULT
 from ivralo_kernel.protocol.credentials import config_home, credential_store_paths, home_config_inside
-from ivralo_kernel.protocol.egress import PERMISSIONS_FILE, load_egress_policy
-from ivralo_kernel.protocol.fallback_reads import closed_reads, jupyter_runtime_dir, read_allow_list
+from ivralo_kernel.protocol.network.egress import PERMISSIONS_FILE, load_egress_policy
+from ivralo_kernel.protocol.sandbox.closed_names import TOOL_FILES_DEFAULT
+from ivralo_kernel.protocol.sandbox.fallback_reads import closed_reads, jupyter_runtime_dir, read_allow_list
 from ivralo_kernel.protocol.trust import is_trusted
 
 # Devices every kernel writes to: the null device, its terminal, and ptys. IPython runs ``!cmd`` and
@@ -173,13 +173,25 @@ def _apply_landlock(policy: KernelPolicy, workspace: str, tmp: str) -> tuple[str
         return "off (turned off by the host's settings)", "off (the Landlock write floor is off)"
     if len(os.listdir("/proc/self/task")) != 1:  # a thread started earlier would keep write access
         return "not applied: a thread was already running", "not applied: a thread was already running"
-    write_trees = (tmp, *DEVICE_TREES) if _writes_scratch_only(policy) else (workspace, tmp, *DEVICE_TREES)
+    sandboxed = os.environ.get(names.ENV_SANDBOX) == names.SANDBOX_BWRAP
+    home = _home_inside(workspace)
+    workspace_grants: tuple[str, ...] = (workspace,)
+    home_files: tuple[str, ...] = ()
+    if home and not sandboxed:  # the sandbox keeps the home folder's top level read-only by its mounts
+        # Not IPython's folder: as everywhere in the fallback, a startup file there would run in the next
+        # kernel (its history is in memory then).
+        own = tuple(os.path.join(workspace, name) for name in (names.HISTORY_DIR, names.WORKER_LOG))
+        with contextlib.suppress(OSError):  # made now: once Landlock is on, nothing new appears at the top
+            os.makedirs(own[0], exist_ok=True)
+        workspace_grants, home_files = home_top.write_grants(workspace, home, own)
+    write_trees = (tmp, *DEVICE_TREES) if _writes_scratch_only(policy) else (*workspace_grants, tmp, *DEVICE_TREES)
     ports = _tcp_floor_ports(policy, workspace)
     connection_file = _connection_file()
-    write_files = (*DEVICE_FILES, connection_file) if connection_file else DEVICE_FILES
+    write_files: tuple[str, ...] = (*DEVICE_FILES, connection_file) if connection_file else DEVICE_FILES
+    if not _writes_scratch_only(policy):
+        write_files += home_files
     ipc = _ipc_socket_folder()
     exchange = _exchange_folder()
-    sandboxed = os.environ.get(names.ENV_SANDBOX) == names.SANDBOX_BWRAP
     reads = None if sandboxed else _fallback_read_trees(policy, workspace, tmp, exchange)
     rules = LandlockRules(
         read_trees=reads,
@@ -208,7 +220,7 @@ def _apply_landlock(policy: KernelPolicy, workspace: str, tmp: str) -> tuple[str
 def _fallback_read_trees(
     policy: KernelPolicy, workspace: str, tmp: str, exchange: str | None
 ) -> tuple[str, ...] | None:
-    """Without a sandbox, what the kernel's tree may read (protocol/fallback_reads.py); None when
+    """Without a sandbox, what the kernel's tree may read (protocol/sandbox/fallback_reads.py); None when
     the host turned the read floor off. Its own connection file, temp and exchange folders and
     IPython's folder are granted by themselves; other kernels' files beside them are not."""
     if policy.fallback_reads is None:

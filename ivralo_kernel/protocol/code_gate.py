@@ -1,6 +1,6 @@
 """[protocol] The static code gate's rule engine: (code, rules) -> the first denial, or None.
 
-Stdlib ``ast`` only, so the host (``host/code_gate.py``, before a worker is contacted) and the kernel
+Stdlib ``ast`` only, so the host (``host/agent/code_gate.py``, before a worker is contacted) and the kernel
 (an AST transformer, before a cell runs) judge code by the same rules.
 
 What it looks at:
@@ -115,7 +115,7 @@ DEFAULT_DENIED_CALLS: Final = (
 )
 _ATTRIBUTE_FUNCTIONS = frozenset({"getattr", "setattr", "delattr", "hasattr"})
 
-# The rules' names in a denial are the settings that hold them (host/settings.py).
+# The rules' names in a denial are the settings that hold them (host/settings/resolve.py).
 RULE_MODULES: Final = "code_gate_modules"
 RULE_NAMES: Final = "code_gate_denied_names"
 RULE_ATTRIBUTES: Final = "code_gate_denied_attributes"

@@ -15,7 +15,7 @@ JSON object a line:
 
 Lines of copies since pruned stay until the index is compacted, so a reader skips a line whose copy
 is gone. The folder is writable from the kernel's side, so a reader trusts no line blindly (see
-``host/history_store.py``).
+``host/history/store.py``).
 """
 
 from __future__ import annotations

@@ -64,6 +64,9 @@ ENV_SANDBOX: Final = "IVRALO_SANDBOX"
 ENV_NAMESPACE_LIMITS: Final = "IVRALO_NAMESPACE_LIMITS"
 # Set by the host when it gave bwrap the base seccomp filter (``--seccomp``): the supervisor installs it otherwise.
 ENV_SECCOMP_BY_BWRAP: Final = "IVRALO_SECCOMP_BY_BWRAP"
+# The closed names that are symlinks, as a JSON list: the host mounts each link over itself from
+# outside (protocol/sandbox/link_mounts.py), and the supervisor starts the kernel once they are mount points.
+ENV_COVER_LINKS: Final = "IVRALO_COVER_LINKS"
 # Lines the host wants the kernel's banner to show (newline-separated), e.g. a workspace file ignored.
 ENV_HOST_NOTES: Final = "IVRALO_HOST_NOTES"
 # The sandbox setting (auto | required | off) for a raw launch, which reads no provisioner config:
@@ -71,7 +74,7 @@ ENV_HOST_NOTES: Final = "IVRALO_HOST_NOTES"
 ENV_SANDBOX_SETTING: Final = "IVRALO_SANDBOX_SETTING"
 SANDBOX_MODES: Final = ("auto", "required", "off")
 # The host of a raw launch: the supervisor hands a launch with no host over to it (exec, same pid).
-RAW_LAUNCH_MODULE: Final = "ivralo_kernel.host.raw_launch"
+RAW_LAUNCH_MODULE: Final = "ivralo_kernel.host.jupyter.raw_launch"
 ENV_EGRESS_SOCKET: Final = "IVRALO_EGRESS_SOCKET"  # the host's egress proxy (a unix socket in the sandbox)
 # A pipe's read end whose writer only the host holds: EOF means the host process is gone (inside a
 # sandbox the supervisor's parent is bwrap, which outlives the host; a thread's exit is not a death).
@@ -155,7 +158,7 @@ CONTROL_MSG_TYPES: Final = (
 # What a broker request asks for (ENV_BROKER_COMM says how it travels).
 BROKER_EGRESS: Final = "egress"  # {"host", "port"} -> {"allowed", "reason"} (the host asks whoever it asks)
 # A person's answer relayed by the kernel, as older kernels sent it: always refused (the host asks the
-# person itself, on its own channel to the client; host/stdin_questions.py).
+# person itself, on its own channel to the client; host/sandbox/stdin_questions.py).
 BROKER_EGRESS_ANSWER: Final = "egress_answer"
 BROKER_API: Final = "api"  # {"operation": str, "params": {...}} -> {"ok", "result" | "error", "record"}
 BROKER_SQL: Final = "sql"  # {"database": str, "query": str, "params": {...}} -> the same shape

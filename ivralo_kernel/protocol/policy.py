@@ -57,7 +57,7 @@ class KernelPolicy:
     # Absolute paths the kernel may not read (credential stores); None: the default list.
     credential_stores: tuple[str, ...] | None = None
     # Without a sandbox: trees the kernel's tree may read besides the default list
-    # (protocol/fallback_reads.py); None: reads are not restricted.
+    # (protocol/sandbox/fallback_reads.py); None: reads are not restricted.
     fallback_reads: tuple[str, ...] | None = ()
     # Who reads the refusals (protocol.audience): a person at a notebook, or an agent's tool.
     audience: str = "person"

@@ -2,7 +2,7 @@
 
 import sys
 
-from ivralo_kernel.protocol.platform_support import exit_unless_linux
+from ivralo_kernel.protocol.sandbox.platform_support import exit_unless_linux
 
 if __name__ == "__main__":
     exit_unless_linux()  # the kernelspec's argv: a raw launch (VS Code) on macOS or Windows ends here

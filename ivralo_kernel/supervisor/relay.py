@@ -23,8 +23,8 @@ import socket
 import sys
 import threading
 
-from ivralo_kernel.protocol.egress import is_loopback
-from ivralo_kernel.protocol.proxying import (
+from ivralo_kernel.protocol.network.egress import is_loopback
+from ivralo_kernel.protocol.network.proxying import (
     TUNNEL_ESTABLISHED,
     BadRequest,
     parse_head,

@@ -47,6 +47,8 @@ SIGNAL_PARENT_DIED = signal.SIGHUP
 TERM_GRACE_S = 3.0
 # How often the parent is checked by pid, in case the death signal was missed.
 PARENT_POLL_S = 0.5
+# How long the kernel's start waits for the host to cover the closed links (a short process of its own).
+LINK_COVER_WAIT_S = 10.0
 
 _WATCHED = (signal.SIGCHLD, signal.SIGTERM, signal.SIGQUIT, signal.SIGINT, SIGNAL_KILL_NOW, SIGNAL_PARENT_DIED)
 
@@ -98,7 +100,7 @@ def _seccomp(direct_links: bool = False) -> str:
     """The base seccomp filter over us and the kernel's tree: bwrap loaded it already in a sandbox
     (``--seccomp``, before our first instruction); in the fallback it is installed here, before the
     kernel is forked. Returns who installed it (``bwrap``, ``supervisor``) or why there is none."""
-    from ivralo_kernel.protocol import seccomp
+    from ivralo_kernel.protocol.sandbox import seccomp
 
     arch = seccomp.this_arch()
     if arch is None:
@@ -116,6 +118,27 @@ def _seccomp(direct_links: bool = False) -> str:
         print(f"ivralo supervisor: no seccomp filter: {exc}", file=sys.stderr)
         return f"none: Linux refused it ({str(exc).replace(',', ';')})"
     return "supervisor"
+
+
+def _wait_for_link_covers() -> None:
+    """The closed names that are links: the host mounts each over itself from outside (it alone
+    can: protocol/sandbox/link_mounts.py); the kernel starts once each is a mount point here. One the host
+    could not cover is said on stderr, and the host's log names it if it was replaced by the end."""
+    given = os.environ.pop(names.ENV_COVER_LINKS, None)
+    if given is None:
+        return
+    from ivralo_kernel.protocol.sandbox import link_mounts
+
+    try:
+        paths = link_mounts.parse(given)
+    except ValueError:
+        paths = []
+    left = link_mounts.wait_until_covered(paths, LINK_COVER_WAIT_S)
+    for path in left:
+        os.write(
+            2, f"ivralo supervisor: the closed link {path!r} stays replaceable: the host did not cover it\n".encode()
+        )
+    os.environ[names.ENV_SUPERVISOR_LAYERS] += f",covered_links={len(paths) - len(left)}"
 
 
 def _start_kernel(argv: list[str], env: dict[str, str], stderr_fd: int) -> int:
@@ -269,6 +292,7 @@ def main(argv: list[str] | None = None) -> int:
             os.write(2, f"ivralo supervisor: cannot set the sandbox's namespace limits: {exc}\n".encode())
             return 1
         os.environ[names.ENV_SUPERVISOR_LAYERS] += f",namespace_limits={len(lowered)}"
+    _wait_for_link_covers()
     if os.getppid() != parent:
         return 1
 

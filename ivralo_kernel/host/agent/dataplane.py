@@ -1,0 +1,292 @@
+"""[host] The host's half of the namespace API's data plane (the kernel's is ``kernel.dataplane``).
+
+* **The exchange folder**: one per kernel, made by the provisioner on tmpfs (``/dev/shm`` where it is
+  one) and bound into the sandbox at the same path. It holds a file only while a segment waits for
+  the kernel to map it.
+* **The exchange segment** (``Exchange``): the host creates it with its pages allocated, sized for a
+  transfer; the kernel maps it and unlinks it at once; the kernel keeps its mapping and the host its
+  descriptor, so the next transfer that fits reuses the same pages (allocating fresh tmpfs pages
+  costs more than copying into them). The host never maps it (``pread``/``pwrite``): a file the
+  kernel truncates would raise SIGBUS in a process that touches its mapping. A larger transfer gets
+  a new segment; a call that fails or times out drops the segment (a late kernel answer can only
+  touch the old one). The host unlinks on every path too: after an
+  error, a timeout or a killed worker, no file is left.
+* **Decoding** parses only JSON, ``.npy`` without objects, and Arrow IPC: nothing that can run code
+  the kernel chose. ``pickle`` is never used.
+* **Nothing the kernel says is trusted**: the size it declares is checked against the host's cap
+  (``transfer_cap_bytes``, by default the kernel's memory limit, and what the host can spare) before
+  a byte is reserved (``checked_size``), the length it says it wrote against the segment, and an
+  Arrow stream is validated in full (every offset, every UTF-8 string) before it is converted: one
+  out-of-order string offset once killed the host with SIGSEGV in ``to_pandas()``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import math
+import os
+import secrets
+from typing import Any
+
+from ivralo_kernel.host.sandbox.exchange_folder import SEGMENT_PREFIX
+from ivralo_kernel.protocol import names
+from ivralo_kernel.protocol.errors import IvraloError
+from ivralo_kernel.protocol.policy import default_memory_limit
+from ivralo_kernel.protocol.tables import ARROW_EXTRA, release, unrepresentable
+
+_MIB = 1 << 20
+
+
+class ArrowMissingError(IvraloError, ImportError):
+    """pyarrow (the ``arrow`` extra) is not installed where it is needed."""
+
+
+class UnsupportedValueError(IvraloError, TypeError):
+    """The value cannot leave the kernel in a form the host parses without running the kernel's code."""
+
+
+class TransferRefusedError(IvraloError, ValueError):
+    """What the kernel declared or sent for a transfer is refused: more bytes than the host takes, no
+    size at all, or data that is not valid. Nothing was reserved or converted; the worker is untouched."""
+
+
+def transfer_cap(setting: int | None, memory_limit: int | None) -> int:
+    """The most bytes one transfer from the kernel may take: the setting, else the kernel's memory
+    limit (a value the kernel holds fits in it; a larger declaration is not the truth)."""
+    if setting is not None:
+        return setting
+    return memory_limit if memory_limit is not None else default_memory_limit()
+
+
+def checked_size(operation: str, answer: dict[str, Any], key: str, cap: int, why: str) -> int:
+    """The size the kernel's ``answer`` gives under ``key``, once it is a size within ``cap`` (``why``
+    says where the cap comes from). Checked before anything is reserved: the kernel's code answers."""
+    size = answer.get(key) if isinstance(answer, dict) else None
+    if type(size) is not int or size < 0:
+        raise TransferRefusedError(
+            f"{operation}: the kernel's answer gives no size ({key}={size!r}), so nothing was transferred. Code in "
+            "the kernel may have replaced its data plane; restart the worker if this repeats"
+        )
+    if size > cap:
+        raise TransferRefusedError(
+            f"{operation}: the kernel declares {_human(size)} ({size} bytes), more than the host takes in one "
+            f"transfer: {_human(cap)}, {why}. Nothing was reserved. Bring the value over in parts (df.iloc[a:b]), "
+            "or raise WorkerConfig(transfer_cap_bytes=...) if the host has the memory"
+        )
+    return size
+
+
+def _human(size: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", _MIB), ("KiB", 1 << 10)):
+        if size >= scale:
+            return f"{size / scale:.1f} {unit}"
+    return f"{size} B"
+
+
+def require_arrow(operation: str) -> Any:
+    try:
+        import pyarrow
+    except ImportError:
+        raise ArrowMissingError(f"{operation} needs pyarrow on the host: {ARROW_EXTRA}") from None
+    return pyarrow
+
+
+class Exchange:
+    """One worker's exchange segment, on the host's side. Calls of a session never overlap, so one
+    segment serves them all in turn.
+
+    The host never maps it: it writes with ``pwrite`` and reads with ``pread`` into memory of its own.
+    The kernel holds the file too and can truncate it at any moment; a mapping of a truncated file
+    raises SIGBUS in whoever touches it (that would be the host's process), a read or write does not."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+        self.path: str | None = None  # the segment's name, as the kernel knows it (maybe unlinked)
+        self.capacity = 0
+        self.fd: int | None = None
+
+    def reserve(self, size: int) -> tuple[str, int]:
+        """A segment of at least ``size`` bytes, its pages allocated: (its path, its capacity)."""
+        if self.fd is None or size > self.capacity:
+            self.discard()
+            # Grown by a quarter at least, so a series of slowly growing transfers reuses it.
+            capacity = max(-(-max(size, 1) // _MIB) * _MIB, self.capacity + self.capacity // 4)
+            path = os.path.join(self.folder, f"{SEGMENT_PREFIX}{secrets.token_hex(8)}")
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            try:
+                os.posix_fallocate(fd, 0, capacity)  # its pages now, not one fault at a time later
+            except BaseException:
+                os.close(fd)
+                _unlink(path)
+                raise
+            self.fd, self.path, self.capacity = fd, path, capacity
+        assert self.path is not None
+        return self.path, self.capacity
+
+    def write_table(self, table: Any) -> int:
+        """Write ``table``'s Arrow IPC stream at the segment's start: its length."""
+        pa = require_arrow("inject_dataframe")
+        assert self.fd is not None
+        with os.fdopen(os.dup(self.fd), "r+b") as segment:
+            segment.seek(0)
+            with pa.ipc.new_stream(pa.PythonFile(segment, mode="w"), table.schema) as writer:
+                writer.write_table(table)
+            segment.flush()
+            return int(segment.tell())
+
+    def read(self, length: int) -> bytearray:
+        """The segment's first ``length`` bytes, copied into the host's own memory."""
+        assert self.fd is not None
+        data = bytearray(length)
+        view, done = memoryview(data), 0
+        try:
+            while done < length:
+                got = os.preadv(self.fd, [view[done:]], done)
+                if got == 0:
+                    raise TransferRefusedError(
+                        f"the segment holds {done} bytes, not the {length} the kernel said it wrote (it was "
+                        "truncated from the kernel's side), so nothing was read. Restart the worker if this repeats"
+                    )
+                done += got
+        finally:
+            view.release()
+        return data
+
+    def settle(self) -> None:
+        """After the kernel's answer (or none): the file's name goes, whatever the kernel did."""
+        if self.path is not None:
+            _unlink(self.path)
+
+    def discard(self) -> None:
+        """Forget the segment: its pages are freed once the kernel lets go of it too."""
+        self.settle()
+        if self.fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self.fd)
+        self.fd, self.path, self.capacity = None, None, 0
+
+
+def _unlink(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+
+
+# --- encoding (host -> kernel) --------------------------------------------------------------------
+
+
+def as_table(frame: Any) -> tuple[Any, str]:
+    """(an Arrow table of ``frame``, what the kernel binds: "pandas.DataFrame" or "pyarrow.Table")."""
+    pa = require_arrow("inject_dataframe")
+    if isinstance(frame, pa.Table):
+        return frame, "pyarrow.Table"
+    if isinstance(frame, pa.RecordBatch):
+        return pa.Table.from_batches([frame]), "pyarrow.Table"
+    if type(frame).__module__.split(".")[0] != "pandas" or not hasattr(frame, "columns"):
+        raise UnsupportedValueError(
+            f"inject_dataframe takes a pandas DataFrame or a pyarrow Table, not {type(frame).__qualname__}"
+        )
+    try:
+        return pa.Table.from_pandas(frame, preserve_index=None), "pandas.DataFrame"
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, TypeError, ValueError) as exc:
+        raise UnsupportedValueError(unrepresentable(pa, frame, exc)) from None
+
+
+def ipc_size(table: Any) -> int:
+    pa = require_arrow("inject_dataframe")
+    sink = pa.MockOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return int(sink.size())
+
+
+def ipc_bytes(table: Any) -> Any:
+    """The Arrow IPC stream of ``table`` in memory (a pyarrow Buffer): behind a gateway, where the
+    kernel shares no memory with the host (host/agent/gateway/worker.py)."""
+    pa = require_arrow("inject_dataframe")
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue()
+
+
+# --- decoding (kernel -> host) --------------------------------------------------------------------
+
+
+def decode_inline(envelope: dict[str, Any]) -> Any:
+    """A JSON value, or the bounded repr the caller asked for: both plain text."""
+    return json.loads(envelope["text"]) if envelope["kind"] == "json" else str(envelope["text"])
+
+
+def decode_segment(envelope: dict[str, Any], segment: bytearray, length: int) -> Any:
+    """The value the kernel wrote, from the host's own copy of the segment (``Exchange.read``) or
+    from the bytes that came over a gateway's websocket."""
+    view = memoryview(segment)
+    try:
+        if envelope["kind"] == "npy":
+            return _read_npy(view, length)
+        pa = require_arrow("get_dataframe")
+        value = _from_ipc(pa, envelope, pa.py_buffer(view).slice(0, length))
+        if not release(view):  # it points into the segment (Arrow-backed strings, a pyarrow table)
+            value = None
+            value = _from_ipc(pa, envelope, pa.py_buffer(segment[:length]))
+        return value
+    finally:
+        release(view)
+
+
+def _from_ipc(pa: Any, envelope: dict[str, Any], data: Any) -> Any:
+    try:
+        table = pa.ipc.open_stream(data).read_all()
+        # In full: offsets in order and within their buffers, UTF-8 valid, dictionary indices in range.
+        # The cheap validate() checks only buffer sizes, and to_pandas() trusts the rest (a SIGSEGV).
+        table.validate(full=True)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, pa.ArrowIndexError) as exc:
+        raise TransferRefusedError(
+            f"the Arrow data the kernel wrote is not valid ({exc}), so it was not converted. Code in the kernel "
+            "may have written it; restart the worker if this repeats"
+        ) from None
+    kind = envelope.get("as")
+    if kind == "pandas.DataFrame":
+        return table.to_pandas()
+    if kind == "pandas.Series":
+        series = table.to_pandas().iloc[:, 0]
+        return series.rename(None) if envelope.get("unnamed") else series
+    if kind == "pyarrow.ChunkedArray":
+        return table.column(0)
+    return table
+
+
+def _read_npy(view: memoryview, length: int) -> Any:
+    try:
+        import numpy
+        from numpy.lib import format as npy
+    except ImportError:
+        raise ArrowMissingError(f"get_var of a numpy array needs numpy on the host: {ARROW_EXTRA}") from None
+    head = io.BytesIO(view[: min(length, 65_536 + 12)])
+    version = npy.read_magic(head)
+    reader = npy.read_array_header_1_0 if version == (1, 0) else npy.read_array_header_2_0
+    shape, fortran, dtype = reader(head)  # a literal, parsed without eval; allow_pickle is never on
+    if dtype.hasobject:
+        raise UnsupportedValueError(f"the kernel sent a numpy array of dtype {dtype}, which holds Python objects")
+    count = math.prod(shape)
+    if head.tell() + count * dtype.itemsize > length:
+        raise TransferRefusedError(
+            f"the kernel's .npy header says {shape} of {dtype} ({count * dtype.itemsize} bytes), more than the "
+            f"{length} bytes it wrote, so it was not read. Code in the kernel may have written it"
+        )
+    flat = numpy.frombuffer(view, dtype=dtype, count=count, offset=head.tell())
+    array = flat.reshape(shape, order="F" if fortran else "C").copy(order="K")
+    del flat
+    return array
+
+
+def refusal(operation: str, error: dict[str, Any]) -> Exception:
+    """The exception a kernel-side refusal or failure becomes on the host."""
+    ename, evalue = str(error.get("ename")), str(error.get("evalue"))
+    if ename == names.REFUSED_VALUE_ERROR:
+        return UnsupportedValueError(f"{operation}: {evalue}")
+    if ename == names.ARROW_MISSING_ERROR:
+        return ArrowMissingError(f"{operation}: {evalue}")
+    return ValueError(f"{operation}: {ename}: {evalue}")

@@ -1,0 +1,196 @@
+"""[host] The workspace files the host trusts, and whether a kernel changed them.
+
+``.env``, ``databases.json`` and ``.ivralo/permissions.json`` are read by the host and shape what it
+does for the kernel (values, databases, hosts allowed). They sit in the workspace, which is the
+kernel's to write: in the sandbox most are read-only mounts, but a file that did not exist at start
+can be created, and without the sandbox a shell line writes any of them. So the host notes each
+file's digest when a kernel starts, and compares:
+
+- **while the kernel runs**, before each use: a file that no longer matches (and that the host did
+  not write itself, e.g. an "always" answer in permissions.json) is not used for the rest of the
+  run;
+- **when the kernel ends**, or at the next start if its host died: a file changed meanwhile is
+  recorded as changed, and the next start ignores it, saying so in one line, until the person
+  approves it (``ivralo-kernel trust FOLDER``). A later edit by the person (made while no kernel
+  ran) replaces the changed content and is used again.
+
+A file the sandbox keeps read-only for this kernel (``protected``: ``.ivralo/`` always, ``.env`` and
+``databases.json`` when they existed at start) cannot have been changed by it: a change there is
+the person's, used at once and never recorded. The record lives in the config home
+(``watched-files.json``), out of the kernel's reach.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import threading
+import uuid
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from ivralo_kernel.protocol import names
+from ivralo_kernel.protocol.credentials import config_home
+from ivralo_kernel.protocol.network.egress import PERMISSIONS_FILE
+
+DOTENV, DATABASES, PERMISSIONS = names.DOTENV_FILE, names.DATABASES_FILE, f"{names.STATE_DIR}/{PERMISSIONS_FILE}"
+WATCHED = (DOTENV, DATABASES, PERMISSIONS)
+RECORD_FILE = "watched-files.json"
+_ABSENT = "absent"
+
+
+def digest(path: Path) -> str:
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except (FileNotFoundError, IsADirectoryError):  # a directory: the sandbox's placeholder, no file
+        return _ABSENT
+    except OSError:
+        return "unreadable"
+
+
+def changed_line(rel: str, workspace: str) -> str:
+    return (
+        f"{rel} was changed while a kernel of this workspace ran (code in it can write there), so it "
+        f"is ignored until you approve it: ivralo-kernel trust {workspace}"
+    )
+
+
+class WorkspaceFiles:
+    """One kernel's view of its workspace's watched files (the host's side; thread-safe)."""
+
+    def __init__(self, workspace: str, env: Mapping[str, str] = os.environ) -> None:
+        self.workspace = os.path.realpath(workspace)
+        self._record = config_home(env) / RECORD_FILE
+        self._tag = f"{os.getpid()}:{uuid.uuid4().hex[:12]}"
+        self._lock = threading.Lock()
+        self.ignored: set[str] = set()  # not used in this run (changed before, or during it)
+        self.lines: list[str] = []
+        self._noted: dict[str, str] = {}
+        self._protected: frozenset[str] = frozenset()
+
+    def _path(self, rel: str) -> Path:
+        return Path(self.workspace, rel)
+
+    # -- at start and at end -----------------------------------------------------------------
+    def begin(self, protected: frozenset[str] = frozenset()) -> list[str]:
+        """Note the digests; returns the lines to show for files that stay ignored. ``protected``:
+        the files this kernel cannot write (read-only mounts)."""
+        self._protected = protected
+        with self._records() as records:
+            mine = records.setdefault(self.workspace, {"running": {}, "changed": {}})
+            _recover(mine, self.workspace)
+            current = {rel: digest(self._path(rel)) for rel in WATCHED}
+            for rel, seen in current.items():
+                changed = mine["changed"].get(rel)
+                if changed is None:
+                    continue
+                if changed == seen:
+                    self.ignored.add(rel)
+                    self.lines.append(changed_line(rel, self.workspace))
+                else:
+                    del mine["changed"][rel]  # edited since, while no kernel ran: the person's
+            self._noted = {rel: seen for rel, seen in current.items() if rel not in protected}
+            mine["running"][self._tag] = self._noted
+        return list(self.lines)
+
+    def end(self) -> None:
+        """The kernel is gone: what changed during its run is recorded as changed."""
+        with self._records() as records:
+            mine = records.setdefault(self.workspace, {"running": {}, "changed": {}})
+            noted = mine["running"].pop(self._tag, self._noted)
+            _taint(mine, self.workspace, noted)
+            if not mine["running"] and not mine["changed"]:
+                del records[self.workspace]
+
+    # -- while it runs -----------------------------------------------------------------------
+    def usable(self, rel: str) -> bool:
+        """Whether the host may use this file now: not ignored, and as it was at start."""
+        with self._lock:
+            if rel in self.ignored:
+                return False
+            if rel in self._noted and digest(self._path(rel)) != self._noted[rel]:
+                self.ignored.add(rel)
+                self.lines.append(changed_line(rel, self.workspace))
+                return False
+            return True
+
+    def host_wrote(self, rel: str) -> None:
+        """The host itself changed the file (an "always" answer): its new content is the noted one."""
+        if rel in self._protected:
+            return
+        with self._lock:
+            self._noted[rel] = digest(self._path(rel))
+        with self._records() as records:
+            running = records.get(self.workspace, {}).get("running", {})
+            if self._tag in running:
+                running[self._tag][rel] = self._noted[rel]
+
+    @contextlib.contextmanager
+    def _records(self) -> Iterator[dict[str, Any]]:
+        """The record, locked against other hosts for the read-modify-write."""
+        self._record.parent.mkdir(parents=True, exist_ok=True)
+        with open(self._record, "a+", encoding="utf-8") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            f.seek(0)
+            try:
+                records = json.loads(f.read() or "{}")
+            except json.JSONDecodeError:
+                records = {}
+            if not isinstance(records, dict):
+                records = {}
+            yield records
+            f.seek(0)
+            f.truncate()
+            f.write(json.dumps(records, indent=1, sort_keys=True))
+
+
+def protected_in_sandbox(workspace: str) -> frozenset[str]:
+    """What a sandboxed kernel cannot write: ``.ivralo/`` (made before the start, mounted read-only),
+    and ``.env`` and ``databases.json`` when they exist at start (read-only mounts). A missing
+    ``databases.json`` is closed by a placeholder, but stays watched: a person who deletes the
+    placeholder while the kernel runs detaches its mount."""
+    present = {rel for rel in (DOTENV, DATABASES) if os.path.isfile(os.path.join(workspace, rel))}
+    return frozenset({PERMISSIONS, *present})
+
+
+def approve(workspace: str, env: Mapping[str, str] = os.environ) -> list[str]:
+    """The person approves the workspace's files as they are now; returns the ones that were ignored."""
+    files = WorkspaceFiles(workspace, env)
+    with files._records() as records:
+        mine = records.get(files.workspace)
+        if not mine:
+            return []
+        approved = sorted(mine.get("changed", {}))
+        mine["changed"] = {}
+        if not mine.get("running"):
+            del records[files.workspace]
+    return approved
+
+
+def _recover(mine: dict[str, Any], workspace: str) -> None:
+    """Runs whose host died without an end: compared now, as their end would have."""
+    for tag in list(mine["running"]):
+        pid = int(tag.split(":", 1)[0])
+        if not _alive(pid):
+            _taint(mine, workspace, mine["running"].pop(tag))
+
+
+def _taint(mine: dict[str, Any], workspace: str, noted: Mapping[str, str]) -> None:
+    for rel, seen in noted.items():
+        now = digest(Path(workspace, rel))
+        if now != seen and now != _ABSENT:
+            mine["changed"][rel] = now
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -1,0 +1,147 @@
+"""[host] The watchdog's own line to a kernel: an IOPub subscription and a control connection.
+
+It has its own jupyter_client ``Session`` identity, so it sees executions started by any client (a
+browser tab, an agent) and never steals another client's replies. Its sockets belong to the
+watchdog's thread; other threads hand it messages through ``send_control``, which wakes that thread's
+poll at once (a brokered call's answer must not wait for the next poll timeout).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import zmq
+from jupyter_client.session import Session as JupyterSession
+
+from ivralo_kernel.protocol.processes import channel_url
+
+RECONNECT_IVL_MS = 10  # how often our sockets retry a kernel that is not bound yet
+OnReply = Callable[[dict[str, Any]], None]
+
+
+class KernelChannels:
+    def __init__(self, connection_info: dict[str, Any]) -> None:
+        key = connection_info["key"]
+        self._info = connection_info
+        self.session = JupyterSession(
+            key=key.encode() if isinstance(key, str) else key,
+            signature_scheme=connection_info.get("signature_scheme", "hmac-sha256"),
+            username="ivralo-watchdog",
+        )
+        # (msg_type, content, called with the kernel's reply or None): sent from the watchdog's thread
+        self._outbox: queue.SimpleQueue[tuple[str, Mapping[str, Any], OnReply | None]] = queue.SimpleQueue()
+        self._reply_waiters: dict[str, OnReply] = {}  # control msg_id -> callback
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._wake_lock = threading.Lock()
+        self._context: zmq.Context[Any] | None = None
+        self.iopub: zmq.Socket[Any] | None = None
+        self.control: zmq.Socket[Any] | None = None
+        self._poller = zmq.Poller()
+
+    # -- the watchdog's thread --------------------------------------------------------------
+    def open(self) -> None:
+        context = self._context = zmq.Context()
+        # We connect before the kernel binds, and the kernel serves nobody before our hello: retry
+        # every 10 ms, not libzmq's 100, so that a new kernel's first request is not held for it.
+        context.setsockopt(zmq.RECONNECT_IVL, RECONNECT_IVL_MS)
+        self.iopub = context.socket(zmq.SUB)
+        # Everything, as a client does: a welcome for another topic would reach the clients too.
+        self.iopub.setsockopt(zmq.SUBSCRIBE, b"")
+        self.iopub.connect(channel_url(self._info, "iopub"))
+        self.control = context.socket(zmq.DEALER)
+        self.control.setsockopt(zmq.IDENTITY, self.session.bsession)
+        self.control.connect(channel_url(self._info, "control"))
+        for socket in (self.iopub, self.control, self._wake_r):
+            self._poller.register(socket, zmq.POLLIN)
+
+    def close(self) -> None:
+        for socket in (self.iopub, self.control):
+            if socket is not None:
+                socket.close(linger=0)
+        if self._context is not None:
+            self._context.term()
+        with self._wake_lock:  # a late answer must not write to a reused descriptor number
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+            self._wake_w = -1
+
+    def wake_on(self, fd: int) -> None:
+        """``wait`` also returns when ``fd`` is readable (the tree's pidfd)."""
+        self._poller.register(fd, zmq.POLLIN)
+
+    def forget(self, fd: int) -> None:
+        self._poller.unregister(fd)
+
+    def wait(self, timeout_s: float, on_iopub: OnReply, on_control: OnReply) -> None:
+        """Poll up to ``timeout_s``; hand each message to its handler (a control reply somebody waits
+        for goes to that waiter instead); then send what other threads queued."""
+        assert self.iopub is not None and self.control is not None
+        events = dict(self._poller.poll(max(0, int(timeout_s * 1000))))
+        if self.iopub in events:
+            self._drain(self.iopub, on_iopub)
+        if self.control in events:
+            self._drain(self.control, lambda msg: self._dispatch_control(msg, on_control))
+        if self._wake_r in events:
+            with contextlib.suppress(BlockingIOError):
+                os.read(self._wake_r, 4096)
+        while not self._outbox.empty():
+            msg_type, content, on_reply = self._outbox.get()
+            self.send(msg_type, content, on_reply)
+
+    def send(self, msg_type: str, content: Mapping[str, Any], on_reply: OnReply | None = None) -> str:
+        """(the watchdog's thread) One control message; its msg_id ("" if it could not be sent)."""
+        assert self.control is not None
+        sent = self.session.send(self.control, msg_type, dict(content))
+        msg_id = str(sent["header"]["msg_id"]) if sent else ""
+        if on_reply is not None and msg_id:
+            self._reply_waiters[msg_id] = on_reply
+        return msg_id
+
+    def reply_to(self, msg_id: str, until: float, on_control: OnReply) -> dict[str, Any] | None:
+        """(the watchdog's thread) Wait until CLOCK_MONOTONIC ``until`` for the reply to ``msg_id``;
+        other control messages meanwhile go where they always go."""
+        assert self.control is not None
+        while (left := until - time.monotonic()) > 0 and self.control.poll(max(1, int(left * 1000))):
+            _, reply = self.session.recv(self.control, mode=zmq.NOBLOCK, content=True)
+            if reply is None:
+                continue
+            if (reply.get("parent_header") or {}).get("msg_id") == msg_id:
+                return dict(reply)
+            self._dispatch_control(reply, on_control)
+        return None
+
+    def _dispatch_control(self, msg: dict[str, Any], on_control: OnReply) -> None:
+        if not self._to_waiter(msg):
+            on_control(msg)
+
+    def _to_waiter(self, msg: dict[str, Any]) -> bool:
+        parent_id = (msg.get("parent_header") or {}).get("msg_id")
+        waiter = self._reply_waiters.pop(parent_id, None) if parent_id else None
+        if waiter is None:
+            return False
+        waiter(msg)
+        return True
+
+    def _drain(self, socket: zmq.Socket[Any], handle: OnReply) -> None:
+        while True:
+            try:
+                _, msg = self.session.recv(socket, mode=zmq.NOBLOCK, content=True)
+            except (ValueError, KeyError):  # unsigned or malformed: not from the kernel we watch
+                continue
+            if msg is None:
+                return
+            handle(msg)
+
+    # -- any thread -------------------------------------------------------------------------
+    def send_control(self, msg_type: str, content: Mapping[str, Any], on_reply: OnReply | None = None) -> None:
+        """(any thread) Queue a control message for the watchdog's thread and wake it."""
+        self._outbox.put((msg_type, content, on_reply))
+        with self._wake_lock, contextlib.suppress(OSError):  # full: it is being drained anyway
+            if self._wake_w >= 0:
+                os.write(self._wake_w, b"!")

@@ -1,0 +1,145 @@
+"""[protocol] What a proxied HTTP request asks for, and moving its bytes (stdlib only).
+
+The host's egress proxy and the sandbox's relay both read the first bytes of a connection: an HTTP
+``CONNECT host:port`` (HTTPS, git, pip) or a plain request in absolute form
+(``GET http://host:port/path``). Everything after the head is passed through untouched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from ivralo_kernel.protocol.network.egress_names import HostNameError, normalize
+from ivralo_kernel.protocol.terminal import terminal_safe
+
+MAX_HEAD_BYTES = 64 * 1024
+# A client that opens a connection and sends no head (or one byte a minute) holds a thread: the head
+# must be in within this long. Only the head: a tunnel's bytes afterwards may be as slow as they like.
+HEAD_TIMEOUT_S = 30.0
+_HOP_BY_HOP = (b"proxy-connection", b"proxy-authorization", b"connection", b"keep-alive")
+
+
+class BadRequest(ValueError):
+    """The bytes are not a proxy request we serve."""
+
+
+@dataclass(frozen=True)
+class ProxyRequest:
+    method: str
+    host: str  # lower case, no brackets, no trailing dot
+    port: int
+    target: str  # the request target as sent (authority for CONNECT, absolute URL otherwise)
+    head: bytes  # the head as received, through the blank line
+
+    @property
+    def tunnel(self) -> bool:
+        return self.method == "CONNECT"
+
+    def origin_head(self) -> bytes:
+        """The head for the origin server: the path-only request line, no proxy headers, one request
+        per connection (a keep-alive connection could name another host next)."""
+        lines = self.head.split(b"\r\n")
+        parts = urlsplit(self.target)
+        path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        version = lines[0].rsplit(b" ", 1)[-1]
+        out = [f"{self.method} {path} ".encode() + version]
+        for line in lines[1:]:
+            if not line:
+                continue
+            name = line.split(b":", 1)[0].strip().lower()
+            if name not in _HOP_BY_HOP:
+                out.append(line)
+        out.append(b"Connection: close")
+        return b"\r\n".join(out) + b"\r\n\r\n"
+
+
+def read_head(conn: socket.socket) -> tuple[bytes, bytes]:
+    """Read through the blank line that ends the head; returns (head, bytes already read after it)."""
+    data = b""
+    conn.settimeout(HEAD_TIMEOUT_S)
+    try:
+        while b"\r\n\r\n" not in data:
+            if len(data) > MAX_HEAD_BYTES:
+                raise BadRequest(f"the request head is larger than {MAX_HEAD_BYTES // 1024} KiB")
+            try:
+                chunk = conn.recv(65536)
+            except TimeoutError:
+                raise BadRequest(f"no complete request head within {HEAD_TIMEOUT_S:.0f} s") from None
+            if not chunk:
+                raise BadRequest("connection closed before the request head ended")
+            data += chunk
+    finally:
+        conn.settimeout(None)
+    end = data.index(b"\r\n\r\n") + 4
+    if end > MAX_HEAD_BYTES:
+        raise BadRequest(f"the request head is larger than {MAX_HEAD_BYTES // 1024} KiB")
+    return data[:end], data[end:]
+
+
+def parse_head(head: bytes) -> ProxyRequest:
+    try:
+        line = head.split(b"\r\n", 1)[0].decode("ascii")
+        method, target, version = line.split(" ")
+        if not version.startswith("HTTP/") or not method.isalpha():
+            raise ValueError(version)
+    except (UnicodeDecodeError, ValueError):
+        raise BadRequest("not an HTTP request line (METHOD TARGET HTTP/1.1, in ASCII)") from None
+    shown = terminal_safe(target[:80])
+    if method == "CONNECT":
+        host, _, port_text = target.rpartition(":")
+        if not host or not port_text.isdigit():
+            raise BadRequest(f"CONNECT needs host:port, got {shown!r}")
+        port = int(port_text)
+    else:
+        try:  # urlsplit raises for a bad port or bracket ("http://h:99999/", "http://[::1/")
+            parts = urlsplit(target)
+            hostname, port = parts.hostname, parts.port or 80
+        except ValueError as exc:
+            raise BadRequest(f"{terminal_safe(str(exc))} in {shown!r}") from None
+        if parts.scheme != "http" or not hostname:
+            raise BadRequest("a plain request must name an http:// URL (HTTPS goes through CONNECT)")
+        host = hostname
+    if not 0 < port < 65536:
+        raise BadRequest(f"the port is not 1-65535 in {shown!r}")
+    try:
+        normalize(host)
+    except HostNameError as exc:
+        raise BadRequest(f"{exc}: {shown!r}") from None
+    host = host.strip("[]").lower().rstrip(".")
+    return ProxyRequest(method, host, port, target, head)
+
+
+def response(status: int, reason: str, text: str = "") -> bytes:
+    """A short answer to the client (a refusal says why in its status line and body)."""
+    body = (text + "\n").encode() if text else b""
+    head = f"HTTP/1.1 {status} {reason}\r\nContent-Type: text/plain; charset=utf-8\r\n"
+    head += f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    return head.encode() + body
+
+
+TUNNEL_ESTABLISHED = b"HTTP/1.1 200 Connection established\r\n\r\n"
+
+
+def splice(a: socket.socket, b: socket.socket) -> None:
+    """Copy bytes both ways until both sides have finished; then close both. Blocks the caller."""
+
+    def copy(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while chunk := src.recv(65536):
+                dst.sendall(chunk)
+        except OSError:
+            pass
+        with contextlib.suppress(OSError):
+            dst.shutdown(socket.SHUT_WR)
+
+    other = threading.Thread(target=copy, args=(b, a), name="ivralo-splice", daemon=True)
+    other.start()
+    copy(a, b)
+    other.join()
+    for s in (a, b):
+        with contextlib.suppress(OSError):
+            s.close()
