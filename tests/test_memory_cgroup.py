@@ -30,7 +30,13 @@ from conftest import gone, wait_until
 
 from ivralo_kernel.host import Session, WorkerConfig
 from ivralo_kernel.host.sandbox import memory_cgroup
-from ivralo_kernel.host.sandbox.memory_cgroup import MemoryCgroupUnavailable, find_place
+from ivralo_kernel.host.sandbox.memory_cgroup import (
+    JOIN_FAILED_STATUS,
+    CgroupPlace,
+    KernelCgroup,
+    MemoryCgroupUnavailable,
+    find_place,
+)
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -508,3 +514,30 @@ def test_where_none_can_be_made_auto_is_the_observer_and_required_says_what_to_d
     assert place.why in str(raised.value), raised.value
     assert "systemd-run --user --scope -p Delegate=yes jupyter lab" in str(raised.value), raised.value
     assert _cgroup_folders() == before
+
+
+def test_the_join_command_joins_then_becomes_the_kernel_s_command_or_stops_saying_why(tmp_path: Path) -> None:
+    """The launch command's shell, in a plain folder standing for the cgroup (the join's mechanics
+    only; where a real one exists, the cases above check the tree is in it): it writes "0" (itself)
+    into cgroup.procs, then execs the command with the same pid; where the write fails, nothing of
+    the command runs and the start ends with status 125, saying which cgroup."""
+    group = KernelCgroup(CgroupPlace(str(tmp_path), "a plain folder"), LIMIT, "memory_hard_limit_bytes")
+    assert Path(group.path, "memory.max").read_text() == str(LIMIT)
+    assert Path(group.path, "memory.swap.max").read_text() == "0"
+    with subprocess.Popen(
+        group.join_command(["sh", "-c", 'echo "$$ $0 $1"', "first", "second word"]),
+        stdout=subprocess.PIPE, text=True,
+    ) as joined:  # fmt: skip
+        said, _ = joined.communicate(timeout=30)
+    assert joined.returncode == 0, said
+    assert said == f"{joined.pid} first second word\n", said  # the same pid (exec), its arguments untouched
+    assert Path(group.path, "cgroup.procs").read_text() == "0\n"
+    marker = tmp_path / "ran"
+    os.remove(os.path.join(group.path, "cgroup.procs"))
+    os.mkdir(os.path.join(group.path, "cgroup.procs"))  # the write now fails, as a refused join would
+    refused = subprocess.run(
+        group.join_command(["sh", "-c", f"touch {marker}"]), capture_output=True, text=True, timeout=30, check=False
+    )
+    assert refused.returncode == JOIN_FAILED_STATUS, refused
+    assert f"could not join the kernel's memory cgroup {group.path}/cgroup.procs" in refused.stderr, refused
+    assert not marker.exists(), "the command ran outside its cgroup"
