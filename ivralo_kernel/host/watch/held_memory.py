@@ -11,7 +11,9 @@ memfd held the host's memory under a 1 GiB limit. What is counted here, each onc
   folder, such as the exchange folder, is the host's file system and is not counted whole);
 * **memfds and files on the host's tmpfs mounts the tree holds open** (the exchange folder's
   segments, deleted or not): each descriptor's target, stat'ed through ``/proc/<pid>/fd/N`` (its
-  allocated blocks), once per inode;
+  allocated blocks), once per inode. A host that is not root cannot read that folder (the kernel is
+  not dumpable); it stats a copy of each descriptor instead (``pidfd_getfd``, allowed to the owner
+  of the sandbox's user namespace), listed through ``/proc/<pid>/fdinfo``;
 * **memfds and System V segments it holds only mapped** (a descriptor closed after ``mmap``):
   the mapping's length from ``/proc/<pid>/maps``, once per inode. An anonymous shared mapping
   (``/dev/zero``) is not counted here: its pages are in RSS as soon as they are touched;
@@ -30,12 +32,15 @@ namespace has no limit of its own (the fallback mode).
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import functools
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 SHMEM_MAP_MARKERS = ("/memfd:", "/SYSV")
 INOTIFY_LINK = "anon_inode:inotify"
+SYS_PIDFD_GETFD = 438  # the same number on every architecture Linux has (asm-generic)
 # Reading /proc/<pid>/maps costs about 8 us a line (6 ms for a kernel that imported pandas): it is
 # read again when the process's size changed (a new mapping) and every REREAD_EVERY-th sample
 # anyway (a mapping swapped for one of the same size); the sandbox's mount table likewise. A
@@ -202,24 +207,35 @@ def _open_shmem(
     folder = f"/proc/{pid}/fd"
     try:
         fds = os.listdir(folder)
+        descriptors: _Descriptors = _ProcFd(folder)
+    except PermissionError:
+        # A host that is not root: the kernel is not dumpable, so /proc/<pid>/fd is root's. Its fdinfo
+        # is listable (a ptrace-read check, which the owner of the sandbox's user namespace passes) and
+        # pidfd_getfd hands us a copy of each descriptor to stat: without it a memfd went uncounted.
+        try:
+            fds = os.listdir(f"/proc/{pid}/fdinfo")
+            descriptors = _PidfdCopies(pid)
+        except OSError:
+            return 0, 0
     except OSError:
         return 0, 0
     cached = _CACHE.get("fds", pid, size)
     known: dict[str, str] = cached if isinstance(cached, dict) else {}
     targets: dict[str, str] = {}
-    for fd in fds:
-        target = known.get(fd)
-        if target is None:
-            try:
-                target = os.readlink(f"{folder}/{fd}")
-            except OSError:
-                continue
-        targets[fd] = target
-        if target == INOTIFY_LINK:
-            inotify += 1
-        elif target.startswith("/"):  # not a socket, a pipe or an anonymous inode
-            with contextlib.suppress(OSError):
-                st = os.stat(f"{folder}/{fd}")
+    with descriptors:
+        for fd in fds:
+            target = known.get(fd)
+            if target is None:
+                target = descriptors.target(fd)
+                if target is None:
+                    continue
+            targets[fd] = target
+            if target == INOTIFY_LINK:
+                inotify += 1
+            elif target.startswith("/"):  # not a socket, a pipe or an anonymous inode
+                st = descriptors.stat(fd)
+                if st is None:
+                    continue
                 key, device = (st.st_dev, st.st_ino), _device(st.st_dev)
                 shmem = target.startswith("/memfd:") or device in host_tmpfs
                 if shmem and key not in seen and device not in private:
@@ -231,6 +247,89 @@ def _open_shmem(
         known.clear()
         known.update(targets)
     return total, inotify
+
+
+class _Descriptors:
+    """A process's open descriptors, by number: what each one is (its link) and its ``stat``."""
+
+    def __enter__(self) -> _Descriptors:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def target(self, fd: str) -> str | None:
+        raise NotImplementedError
+
+    def stat(self, fd: str) -> os.stat_result | None:
+        raise NotImplementedError
+
+
+class _ProcFd(_Descriptors):
+    """Through ``/proc/<pid>/fd`` (a root host, or a dumpable process of ours)."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+
+    def target(self, fd: str) -> str | None:
+        try:
+            return os.readlink(f"{self.folder}/{fd}")
+        except OSError:
+            return None
+
+    def stat(self, fd: str) -> os.stat_result | None:
+        try:
+            return os.stat(f"{self.folder}/{fd}")
+        except OSError:
+            return None
+
+
+class _PidfdCopies(_Descriptors):
+    """Through a copy of each descriptor (``pidfd_getfd``, Linux 5.6), closed at once: it is only
+    stat'ed and its link read, never read or written."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.pidfd = -1
+
+    def __enter__(self) -> _Descriptors:
+        with contextlib.suppress(OSError):
+            self.pidfd = os.pidfd_open(self.pid)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.pidfd >= 0:
+            os.close(self.pidfd)
+
+    def _copy(self, fd: str) -> int:
+        if self.pidfd < 0 or not fd.isdigit():
+            return -1
+        return int(_libc().syscall(SYS_PIDFD_GETFD, self.pidfd, int(fd), 0))
+
+    def target(self, fd: str) -> str | None:
+        copy = self._copy(fd)
+        if copy < 0:
+            return None
+        try:
+            return os.readlink(f"/proc/self/fd/{copy}")
+        except OSError:
+            return None
+        finally:
+            os.close(copy)
+
+    def stat(self, fd: str) -> os.stat_result | None:
+        copy = self._copy(fd)
+        if copy < 0:
+            return None
+        try:
+            return os.fstat(copy)
+        finally:
+            os.close(copy)
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
 
 
 def _mapped_shmem(pid: int, private: set[str], seen: set[tuple[int, int]], size: int) -> int:
