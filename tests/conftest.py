@@ -11,6 +11,7 @@ its end (found by pid).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import shutil
@@ -100,6 +101,7 @@ def reap_zombies() -> None:
 @pytest.fixture(scope="session", autouse=True)
 def no_process_left_behind() -> Iterator[None]:
     before = {p.pid for p in psutil.Process().children(recursive=True)}
+    before_cgroups = kernel_cgroups()
     yield
     deadline = time.monotonic() + 5
     while True:
@@ -117,6 +119,37 @@ def no_process_left_behind() -> Iterator[None]:
             pass
     reap_zombies()
     assert not described, "processes left behind by the tests:\n" + "\n".join(described)
+    cgroups = _cgroups_left(before_cgroups)
+    assert not cgroups, "kernels' memory cgroups left behind by the tests:\n" + "\n".join(cgroups)
+
+
+def kernel_cgroups() -> set[str]:
+    """The kernels' memory cgroups (host/sandbox/memory_cgroup.py) where this host makes them (a
+    delegated cgroup v2); none elsewhere, where nothing is made and nothing is looked at."""
+    from ivralo_kernel.host.sandbox.memory_cgroup import PREFIX, find_place
+
+    parent = find_place().parent
+    if not parent:
+        return set()
+    try:
+        return {os.path.join(parent, name) for name in os.listdir(parent) if name.startswith(PREFIX)}
+    except OSError:
+        return set()
+
+
+def _cgroups_left(before: set[str]) -> list[str]:
+    """Kernel cgroups made during this run that are still there: made by this process, or by a host
+    that is gone (a CLI, a server the tests ran); each is removed after it is named."""
+    from ivralo_kernel.host.sandbox.memory_cgroup import PREFIX
+
+    left = []
+    for path in sorted(kernel_cgroups() - before):
+        pid = os.path.basename(path)[len(PREFIX) :].split("-")[0]
+        if pid.isdigit() and (int(pid) == os.getpid() or not psutil.pid_exists(int(pid))):
+            left.append(path)
+            with contextlib.suppress(OSError):
+                os.rmdir(path)
+    return left
 
 
 # The audit events of CPython's process starts (subprocess, os.fork/forkpty/posix_spawn/spawn*/exec*/system).

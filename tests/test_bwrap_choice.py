@@ -217,7 +217,7 @@ def test_kernels_stay_sandboxed_with_debian_s_bwrap_first_on_path(
         said = sh(kc, "echo evil > .git/hooks/pre-commit; echo $?")
         kernel = km.provisioner.host_pid(int(info["ivralo"]["pid"]))
         inner_ns = os.readlink(f"/proc/{kernel}/ns/pid")
-        command = km.provisioner.process.args
+        command = psutil.Process(km.provisioner.process.pid).cmdline()  # what runs (after the cgroup's sh, if any)
     assert not (workspace / ".git" / "hooks" / "pre-commit").exists(), said
     assert inner_ns != os.readlink("/proc/self/ns/pid")
     assert command[0] == wheel_bwrap(), command[:2]
@@ -274,7 +274,7 @@ def assert_sandboxed_with(
         info = kc.kernel_info(reply=True, timeout=30)["content"]
         kernel = km.provisioner.host_pid(int(info["ivralo"]["pid"]))
         inner_ns = os.readlink(f"/proc/{kernel}/ns/pid")
-        command = km.provisioner.process.args
+        command = psutil.Process(km.provisioner.process.pid).cmdline()  # what runs (after the cgroup's sh, if any)
         hook = sh(kc, "echo evil > .git/hooks/pre-commit; echo status=$?")
         dotenv = sh(kc, "cat .env; echo status=$?")
         planted = sh(kc, f"echo 'import os' > {startup}/99-evil.py; echo $?; touch {ipython}/new; echo $?")
@@ -516,7 +516,7 @@ def test_where_apparmor_allows_only_the_distribution_s_bwrap_it_builds_the_sandb
         said = sh(kc, f"echo evil > {hooks / 'pre-commit'}; echo $?")
         kernel = km.provisioner.host_pid(int(info["ivralo"]["pid"]))
         inner_ns = os.readlink(f"/proc/{kernel}/ns/pid")
-        command = km.provisioner.process.args
+        command = psutil.Process(km.provisioner.process.pid).cmdline()  # what runs (after the cgroup's sh, if any)
     assert command[0] == debian, command[:2]
     assert inner_ns != os.readlink("/proc/self/ns/pid")
     assert not (hooks / "pre-commit").exists(), said

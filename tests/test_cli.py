@@ -15,6 +15,7 @@ from console import jupyter_console
 
 from ivralo_kernel.cli import main
 from ivralo_kernel.cli.install import install
+from ivralo_kernel.host.sandbox.memory_cgroup import find_place
 
 BIN = Path(sys.executable).parent
 
@@ -165,6 +166,7 @@ def test_doctor_reports_each_mechanism(
     assert set(by_name) == {
         "OS sandbox",
         "memory cap",
+        "memory cgroup",
         "write floor (Landlock)",
         "TCP connect floor",
         "python-level guards",
@@ -181,6 +183,15 @@ def test_doctor_reports_each_mechanism(
         assert check["status"] == "ok" or check["next_step"], check
     assert by_name["subreaper"]["status"] == by_name["parent-death signal"]["status"] == "ok"
     assert by_name["seccomp"]["status"] == by_name["unix sockets"]["status"] == "ok", by_name["seccomp"]
+    # The Linux kernel's limit where cgroup v2 delegates a memory cgroup, else (here, and on CI: cgroup
+    # v1) what the observer alone leaves open, the probe's reason and how to get one.
+    cgroup, place = by_name["memory cgroup"], find_place()
+    if place.parent:
+        assert cgroup["status"] == "ok" and cgroup["detail"].startswith("a memory cgroup per kernel (cgroup v2"), cgroup
+    else:
+        assert cgroup["status"] == "missing" and cgroup["detail"].startswith(f"no memory cgroup ({place.why})"), cgroup
+        assert "the observer samples the tree" in cgroup["detail"], cgroup
+        assert "systemd-run --user --scope -p Delegate=yes" in cgroup["next_step"], cgroup
     sandbox = by_name["OS sandbox"]  # used by default where it can be built (here, and on CI)
     assert sandbox["status"] == "ok", sandbox
     assert sandbox["detail"].startswith("bwrap: user, mount, pid, ipc, uts, net and cgroup namespaces"), sandbox

@@ -18,6 +18,7 @@ from kernel_helpers import execute
 from ivralo_kernel.cli.install import install
 from ivralo_kernel.host.jupyter import prewarm
 from ivralo_kernel.host.sandbox.bwrap import availability
+from ivralo_kernel.host.sandbox.memory_cgroup import find_place
 
 SPEC = "ivralo-prewarm"
 HOLD_S = 20.0  # how long the pipe's other holder keeps it (a shutdown takes well under 5 s)
@@ -74,6 +75,9 @@ def test_the_next_kernel_of_a_workspace_is_the_spare_already_guarded(
             assert provisioner.watchdog is not None and provisioner.watchdog.broker is not None
             assert provisioner.watchdog.broker.ready.wait(15)
             assert provisioner.sandboxed and provisioner.relay is not None
+            # The spare's memory cgroup came with its tree (it is removed when this kernel ends).
+            if find_place().parent:
+                assert provisioner.kernel_cgroup is not None and spare_pid in provisioner.kernel_cgroup.pids()
         finally:
             client.stop_channels()
         # The pool refills in the background, with another kernel.

@@ -20,12 +20,14 @@ from typing import Any
 
 import psutil
 import pytest
-from conftest import FALLBACK_KERNEL, gone, kernel_in_tree, wait_until
+from conftest import FALLBACK_KERNEL, gone, kernel_cgroups, kernel_in_tree, wait_until
 from jupyter_client.blocking.client import BlockingKernelClient
 from jupyter_client.connect import write_connection_file
 from jupyter_client.kernelspec import KernelSpec, KernelSpecManager
 from kernel_helpers import execute, raw_client, reply_to
 from sandbox_cases import counting_http, sh
+
+from ivralo_kernel.host.sandbox.memory_cgroup import PREFIX, find_place, sweep
 
 # A cell that counts the SIGINTs it receives over 3 s (its own handler replaces the interrupt).
 COUNT_SIGINTS = """
@@ -278,10 +280,20 @@ def test_a_killed_raw_launch_leaves_nothing(workspace: Path, tmp_path: Path) -> 
         execute(raw.client, "import subprocess\nsubprocess.Popen(['setsid', 'sleep', '300'])")
         tree = [p.pid for p in psutil.Process(raw.proc.pid).children(recursive=True)]
         assert len(tree) >= 4  # bwrap, the supervisor, the kernel, the setsid child
+        groups = kernel_cgroups()
         raw.proc.kill()
         raw.proc.wait(timeout=10)
         for pid in tree:
             wait_until(lambda pid=pid: gone(pid), 5, f"process {pid} of the sandbox to end")
+    # Its memory cgroup (where cgroup v2 delegates one), empty now, cannot be removed by a host killed
+    # outright: the next start's sweep removes it (host/sandbox/memory_cgroup.py).
+    place = find_place()
+    if place.parent:
+        mine = [g for g in groups if os.path.basename(g).startswith(f"{PREFIX}{raw.proc.pid}-")]
+        assert mine, groups
+        wait_until(lambda: set(mine) <= set(sweep(place.parent)) or not any(map(os.path.exists, mine)), 10,
+                   "the killed launch's cgroup to be swept")  # fmt: skip
+        assert not any(map(os.path.exists, mine)), mine
 
 
 def test_a_kernelspec_can_turn_the_sandbox_off(workspace: Path, tmp_path: Path) -> None:
@@ -427,3 +439,28 @@ def test_a_raw_launch_records_its_history_for_the_person(workspace: Path, tmp_pa
     assert store.restore(entry).path == "notes.txt"
     assert (ws / "notes.txt").read_text() == "the person's notes\n"
     assert not (ws / ".vscode").exists()
+
+
+def test_a_raw_launch_s_memfd_stops_at_its_memory_cgroup(workspace: Path, tmp_path: Path) -> None:
+    """The raw launch has no memory observer: where cgroup v2 delegates a memory cgroup, the kernel's
+    memory limit is enforced by the Linux kernel on the whole tree, a memfd's pages too."""
+    from ivralo_kernel.protocol import names
+
+    place = find_place()
+    if not place.parent:
+        pytest.skip(f"this host cannot make a memory cgroup: {place.why}")
+    limit = 256 << 20
+    spec = KernelSpecManager().get_kernel_spec("ivralo")
+    spec.env = {**spec.env, names.ENV_MEMORY_LIMIT: str(limit)}
+    with raw_launch(workspace, tmp_path, spec=spec) as raw:
+        mine = [g for g in kernel_cgroups() if os.path.basename(g).startswith(f"{PREFIX}{raw.proc.pid}-")]
+        assert len(mine) == 1, mine
+        kernel = kernel_in_tree(raw.proc.pid)
+        assert kernel is not None
+        peak_file = Path(mine[0], "memory.peak")
+        fill = "import os\nfd = os.memfd_create('big')\nfor _ in range(1024):\n    os.write(fd, b'x' * (1 << 20))\n"
+        raw.client.execute(fill + "print('survived')")
+        wait_until(lambda: gone(kernel), 30, "the kernel to be ended by its cgroup")
+        peak = int(peak_file.read_text() or 0) if peak_file.exists() else 0
+        assert peak <= limit, peak
+    wait_until(lambda: not os.path.exists(mine[0]), 10, "the raw launch's cgroup to be removed")

@@ -15,6 +15,7 @@ from typing import Any
 from ivralo_kernel.host import Session, WorkerConfig
 from ivralo_kernel.host.broker.responder import BrokerResponder
 from ivralo_kernel.host.jupyter.prewarm import kernelspec_spares
+from ivralo_kernel.host.sandbox import memory_cgroup
 from ivralo_kernel.host.sandbox.bwrap import choose_bwrap
 from ivralo_kernel.host.sandbox.plan import dotenv_kept_out
 from ivralo_kernel.host.settings.resolve import JupyterHostSettings, config_file_layers, resolve
@@ -201,13 +202,31 @@ async def _probe(settings: tuple[str, ...], project: str | None = None) -> dict[
         async with Session(workspace=workspace, config=config) as session:
             result = await session.run("pass")
             info = dict(session.kernel_info.get(names.KERNEL_INFO_SECTION) or {})
+            memory = session.memory_cgroup_report
             idle_rss = tree_rss(session.supervisor_pid or session.pid)
     if not isinstance(result, str):
         return {"ok": False, "error": result["error"], "checks": []}
-    checks = [*_checks(info), _scrub_check(os.getcwd(), info.get("layers", {})), _broker_check(os.getcwd())]
+    checks = [*_checks(info), _cgroup_check(memory)]
+    checks += [_scrub_check(os.getcwd(), info.get("layers", {})), _broker_check(os.getcwd())]
     report = {"ok": all(c["status"] == "ok" for c in checks), "kernel": info, "checks": checks}
     report["container"] = _container_note()
     return {**report, "spares": _spares_note(idle_rss)}
+
+
+def _cgroup_check(report: str) -> dict[str, str]:
+    """Whether the Linux kernel enforces the memory limit (a delegated cgroup v2), or only the observer
+    samples it (cgroup v1 machines included: their memory cgroups belong to the machine)."""
+    in_force = report.startswith("a memory cgroup")
+    fix = (
+        f"To have the Linux kernel enforce the memory limit, {memory_cgroup.HOW_TO_GET_ONE}; "
+        "memory_cgroup='required' makes a kernel without one fail to start."
+    )
+    return {
+        "mechanism": "memory cgroup",
+        "status": "ok" if in_force else "missing",
+        "detail": report or "unknown",
+        "next_step": "" if in_force else fix,
+    }
 
 
 def _container_note() -> dict[str, str] | None:

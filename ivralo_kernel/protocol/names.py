@@ -73,6 +73,8 @@ ENV_HOST_NOTES: Final = "IVRALO_HOST_NOTES"
 # kernel.json's env carries it. The provisioner's own trait decides for jupyter_client hosts.
 ENV_SANDBOX_SETTING: Final = "IVRALO_SANDBOX_SETTING"
 SANDBOX_MODES: Final = ("auto", "required", "off")
+# The kernel's memory cgroup (host/sandbox/memory_cgroup.py): where cgroup v2 delegates one, always, or never.
+MEMORY_CGROUP_MODES: Final = ("auto", "required", "off")
 # The host of a raw launch: the supervisor hands a launch with no host over to it (exec, same pid).
 RAW_LAUNCH_MODULE: Final = "ivralo_kernel.host.jupyter.raw_launch"
 ENV_EGRESS_SOCKET: Final = "IVRALO_EGRESS_SOCKET"  # the host's egress proxy (a unix socket in the sandbox)

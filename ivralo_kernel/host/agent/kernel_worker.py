@@ -68,6 +68,8 @@ class DeadlineView(Protocol):
 
     def take_soft_notice(self) -> str | None: ...
 
+    def cgroup_cause(self) -> str | None: ...
+
 
 class Transfer(Protocol):
     """One namespace operation, as the data plane's remote path uses it (``NamespaceCall``)."""

@@ -164,6 +164,12 @@ class Session(SessionCalls):
         return self._worker.kernel_info if self._worker else {}
 
     @property
+    def memory_cgroup_report(self) -> str:
+        """Which memory limit the Linux kernel enforces on this kernel's tree, or why none (doctor)."""
+        provisioner = getattr(getattr(self._worker, "km", None), "provisioner", None)
+        return str(getattr(provisioner, "cgroup_report", ""))
+
+    @property
     def pid(self) -> int | None:
         """Pid of the kernel process (not the supervisor), once it is ready."""
         return self._worker.pid if self._worker else None

@@ -173,6 +173,9 @@ class SessionCalls:
         if watchdog is not None and watchdog.loss is not None:
             return f"{watchdog.loss.cause}; {watchdog.loss.observer}"
         observer = f"; {watchdog.observer.describe()}" if watchdog else ""
+        # The cgroup's OOM killer may end the kernel before the watchdog's thread sees why.
+        if watchdog is not None and (cause := watchdog.cgroup_cause()) is not None:
+            return f"{cause}{observer}"
         status = worker.exit_status()
         if status == names.DEADLINE_EXIT_STATUS:  # the supervisor's backstop
             return f"timeout: execution exceeded deadline_ms={self.config.deadline_ms}{observer}"

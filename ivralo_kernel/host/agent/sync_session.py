@@ -116,6 +116,11 @@ class SyncSession:
         return self._session.kernel_info
 
     @property
+    def memory_cgroup_report(self) -> str:
+        """``Session.memory_cgroup_report``."""
+        return self._session.memory_cgroup_report
+
+    @property
     def pid(self) -> int | None:
         """``Session.pid``."""
         return self._session.pid

@@ -9,6 +9,7 @@ group, which kills the supervisor before it can clean up and leaves ``setsid`` c
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import subprocess
@@ -25,6 +26,7 @@ from ivralo_kernel.protocol.pipe import encode as encode_line
 
 if TYPE_CHECKING:
     from ivralo_kernel.host.sandbox.launch import SandboxFolder
+    from ivralo_kernel.host.sandbox.memory_cgroup import KernelCgroup
 
 # How long the supervisor gets to end the tree after being asked, before we SIGKILL what we see.
 SUPERVISOR_KILL_BUDGET_S = 3.0
@@ -43,8 +45,23 @@ class SandboxLaunch:
     supervisor: int | None = None  # the supervisor's pid, as the host sees it
     supervisor_process: psutil.Process | None = None  # the same, kept to end it if bwrap dies first
     host_pipe: tuple[int, int] | None = None  # the sandbox's supervisor sees EOF when this process is gone
+    # The tree's memory cgroup (host/sandbox/memory_cgroup.py), made before the first launch and kept for
+    # restarts and replacements (a spare's goes with its resources to the adopter); None without one.
+    cgroup: KernelCgroup | None = None
+    cgroup_report: str = ""  # which memory limit the Linux kernel enforces, or why none (banner, doctor)
+    bwrap: str = ""  # the bwrap of this launch, named in its failures (the command starts with the cgroup's sh)
+
+    def in_cgroup(self, cmd: list[str]) -> list[str]:
+        """``cmd``, joining the kernel's cgroup before it runs a line (unchanged without one)."""
+        return cmd if self.cgroup is None else self.cgroup.join_command(cmd)
 
     def close(self) -> None:
+        if self.cgroup is not None:  # after the tree: what is left in it (a setsid child) is killed first
+            if not self.cgroup.remove():
+                logging.getLogger(__name__).warning(
+                    "ivralo: the kernel's memory cgroup %s could not be removed", self.cgroup.path
+                )
+            self.cgroup = None
         if self.folder is not None:
             self.folder.remove()
             self.folder = None
@@ -104,6 +121,8 @@ class SandboxLaunch:
                 with contextlib.suppress(psutil.Error):
                     for proc in [*orphan.children(recursive=True), orphan]:
                         proc.kill()
+            if self.cgroup is not None:
+                self.cgroup.kill_all()
             return
         tree = _tree_snapshot(process)
         with contextlib.suppress(ProcessLookupError):
@@ -117,6 +136,8 @@ class SandboxLaunch:
         if process.poll() is None:
             with contextlib.suppress(OSError):
                 process.kill()
+        if self.cgroup is not None:  # what left the tree (setsid, an orphan) never leaves its cgroup
+            self.cgroup.kill_all()
 
 
 def _tree_snapshot(process: Any) -> list[psutil.Process]:

@@ -64,6 +64,7 @@ class KernelWatch:
             deadline=deadline,
             memory_soft_limit_bytes=self.memory_soft_limit_bytes,
             memory_hard_limit_bytes=self.memory_hard_limit_bytes,
+            memory_cgroup=self.resources.launch.cgroup,
             observer_poll_ms=self.observer_poll_ms,
             stall_window_ms=self.stall_window_ms,
             exchange_dir=self.resources.exchange_dir,

@@ -33,6 +33,7 @@ from ivralo_kernel.host.jupyter.kernel_tree import SIGNAL_KILL_NOW, SUPERVISOR_K
 from ivralo_kernel.host.jupyter.kernel_watch import KernelWatch, killed_cell_text  # noqa: F401 - its text, named here too
 from ivralo_kernel.host.jupyter.spare_adoption import SpareAdoption
 from ivralo_kernel.host.off_loop import off_loop
+from ivralo_kernel.host.sandbox import memory_cgroup
 from ivralo_kernel.host.sandbox.bwrap import SandboxUnavailable, choose_bwrap
 from ivralo_kernel.host.sandbox.channel_relay import ChannelRelay
 from ivralo_kernel.host.sandbox.egress import PERSON_ANSWER_TIMEOUT_S
@@ -40,6 +41,7 @@ from ivralo_kernel.host.sandbox.egress_proxy import EgressProxy
 from ivralo_kernel.host.sandbox.exchange_folder import clear_exchange_folder, create_exchange_folder
 from ivralo_kernel.host.sandbox.kernel_output import relay_output
 from ivralo_kernel.host.sandbox.launch import SandboxFolder, SandboxStart, kernel_connection, sandboxed_command
+from ivralo_kernel.host.sandbox.memory_cgroup import KernelCgroup
 from ivralo_kernel.host.sandbox.plan import dotenv_for_kernel, prepare_workspace
 from ivralo_kernel.host.settings.resolve import IvraloSettings, config_file_layers
 from ivralo_kernel.host.settings.workspace_files import DOTENV, WorkspaceFiles, protected_in_sandbox
@@ -84,6 +86,8 @@ class IvraloProvisioner(KernelWatch, SpareAdoption, LocalProvisioner, IvraloSett
     _supervisor = Resource[int | None]("launch.supervisor")
     _supervisor_process = Resource[psutil.Process | None]("launch.supervisor_process")
     _host_pipe = Resource[tuple[int, int] | None]("launch.host_pipe")
+    kernel_cgroup = Resource[KernelCgroup | None]("launch.cgroup")
+    cgroup_report = Resource[str]("launch.cgroup_report")
     session_grants: frozenset[str] | None = None  # an agent Session's grants replace the configured ones
     bwrap_report = ""  # which bwrap builds it and why (the others passed over), for the banner
     _sandbox_failed = ""  # bwrap could not build this provisioner's sandbox: later starts fall back at once
@@ -119,6 +123,11 @@ class IvraloProvisioner(KernelWatch, SpareAdoption, LocalProvisioner, IvraloSett
             return await self._adopt(spare, kwargs, super().pre_launch)
         policy = self.policy_for(str(kwargs.get("cwd") or os.getcwd()))
         bwrap = self._choose_sandbox()
+        if self.kernel_cgroup is None:  # before the tree runs a line: it starts inside (join_command)
+            # First: memory_cgroup='required' without one fails here, before anything else is made.
+            self.kernel_cgroup, self.cgroup_report = memory_cgroup.make(
+                self.memory_cgroup, self.memory_hard_limit_bytes, self.memory_limit_bytes
+            )
         if self._sandbox_folder is None:  # the fallback's too: its ipc sockets and the proxy's socket
             self._sandbox_folder = SandboxFolder.create()
         if self.exchange_dir is None:
@@ -185,13 +194,17 @@ class IvraloProvisioner(KernelWatch, SpareAdoption, LocalProvisioner, IvraloSett
         cmd, inner_file, connection_file = self._relayed(list(kwargs["cmd"]), abstract=bwrap is None)
         env[names.ENV_EGRESS_SOCKET] = self._egress_socket()
         env[names.ENV_RELAY_PORT] = str(names.RELAY_PORT_ANY)  # the fallback's: the supervisor picks one
+        self._add_host_note(env, f"Memory: {self.cgroup_report}")
+        launch = self.resources.launch
         if bwrap is None:
             env[names.ENV_SANDBOX] = self.sandbox_reason
-            kwargs["cmd"] = cmd
+            kwargs["cmd"] = launch.in_cgroup(cmd)
             return kwargs
         self._fallback_launch = (list(kwargs["cmd"]), dict(env))  # if bwrap exits without building it
         self._add_host_note(env, f"OS sandbox built with {self.bwrap_report}")
-        kwargs["cmd"] = self._sandboxed(bwrap, policy.workspace, cmd, env, inner_file, connection_file)
+        launch.bwrap = bwrap
+        sandboxed = self._sandboxed(bwrap, policy.workspace, cmd, env, inner_file, connection_file)
+        kwargs["cmd"] = launch.in_cgroup(sandboxed)
         if self._sandbox_folder is not None:  # bwrap reads its seccomp filter from this one
             kwargs["pass_fds"] = (*kwargs["pass_fds"], *self._sandbox_folder.rewind_seccomp())
         return kwargs
@@ -333,7 +346,7 @@ class IvraloProvisioner(KernelWatch, SpareAdoption, LocalProvisioner, IvraloSett
             info = await super().launch_kernel(cmd, **{**kwargs, "env": env, "pass_fds": pass_fds})
             process = self.process
             assert process is not None
-            failure = await off_loop(start.wait, process, cmd[0])
+            failure = await off_loop(start.wait, process, self.resources.launch.bwrap or cmd[0])
         finally:
             start.close()
         if failure is None:
@@ -356,7 +369,7 @@ class IvraloProvisioner(KernelWatch, SpareAdoption, LocalProvisioner, IvraloSett
         # on abstract sockets (the relay is rebuilt for them).
         self._sandbox_failed = self.sandbox_reason = failure
         cmd, env = self._fallback_launch
-        cmd = self._relayed(cmd, abstract=True)[0]
+        cmd = self.resources.launch.in_cgroup(self._relayed(cmd, abstract=True)[0])
         env = {**env, names.ENV_SANDBOX: self.sandbox_reason}
         kwargs = {**kwargs, "env": env}
         self._launch_args = (list(cmd), compat.popen_kwargs(kwargs))

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from ivralo_kernel.host.history.ledger import HistoryRecorder
 from ivralo_kernel.host.jupyter.kernelspec import SUPERVISOR_MODULE
+from ivralo_kernel.host.sandbox import memory_cgroup
 from ivralo_kernel.host.sandbox.bwrap import choose_bwrap
 from ivralo_kernel.host.sandbox.closed_paths import TOOL_FILES_DEFAULT
 from ivralo_kernel.host.sandbox.launch import (
@@ -228,6 +229,12 @@ def _run(
             tool_files=TOOL_FILES_DEFAULT,
             jupyter_runtime_dir=os.path.dirname(connection_file),
         )
+    # A memory cgroup where cgroup v2 delegates one (host/sandbox/memory_cgroup.py): this launch has no
+    # memory observer, so its limit is the kernel's memory limit, enforced by the Linux kernel on every page.
+    group, memory_note = memory_cgroup.make("auto", None, policy.memory_limit_bytes)
+    env[names.ENV_HOST_NOTES] = "\n".join(filter(None, (env.get(names.ENV_HOST_NOTES), f"Memory: {memory_note}")))
+    if group is not None:
+        command = group.join_command(command)
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
@@ -256,6 +263,8 @@ def _run(
         signal.set_wakeup_fd(-1)
         os.close(life_w)
         files.end()
+        if group is not None:
+            group.remove()
         raise SandboxNotBuilt(failure)
     # Loaded only now: each is tens of milliseconds the kernel's start need not wait for.
     import psutil
@@ -321,6 +330,8 @@ def _run(
                         os.kill(pid, signal.SIGKILL)  # type: ignore[arg-type]
     if watchdog is not None:
         watchdog.stop()
+    if group is not None:  # what left the tree (a setsid child) goes with it
+        group.remove()
     proxy.close()
     files.end()
     history.close()

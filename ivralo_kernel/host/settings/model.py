@@ -201,6 +201,16 @@ class IvraloSettings(Configurable):  # type: ignore[misc]
         help="The size of each of the sandbox's scratch tmpfs mounts (/tmp, /var/tmp, /dev/shm), in bytes: a "
         "write beyond it fails with ENOSPC. None: memory_hard_limit_bytes, else an eighth of the machine's memory.",
     )
+    memory_cgroup = Choice(
+        names.MEMORY_CGROUP_MODES,
+        default_value="auto",
+        config=True,
+        help="A cgroup v2 memory cgroup of its own for each kernel's tree, whose limit (memory_hard_limit_bytes, "
+        "else memory_limit_bytes) the Linux kernel enforces on every page: its RSS, tmpfs files, memfds and "
+        "/dev/shm. auto: where cgroup v2's memory controller is delegated to this user (a systemd Delegate=yes "
+        "scope, or root's own v2 hierarchy), else the observer counts them (cgroup v1 is never used); required: "
+        "a kernel that cannot have one does not start; off: the observer alone.",
+    )
     rlimit_nofile = Count(None, config=True, help="RLIMIT_NOFILE of the kernel. None: leave the inherited limit.")
     landlock = Flag(
         True,

@@ -41,6 +41,7 @@ from ivralo_kernel.protocol import names
 
 if TYPE_CHECKING:  # the broker (sqlalchemy, httpx) is loaded by the host that has one, not by a raw launch
     from ivralo_kernel.host.broker.responder import BrokerResponder
+    from ivralo_kernel.host.sandbox.memory_cgroup import KernelCgroup
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,8 @@ class WatchdogSettings:
     # The tree's inotify instances above this end it: the fallback's guard (in the sandbox, its user
     # namespace's own limit refuses them first; see host/sandbox/limits.py). None: not counted.
     inotify_instances_max: int | None = None
+    # The kernel's memory cgroup, whose OOM kills are a memory loss (host/sandbox/memory_cgroup.py). None: none.
+    memory_cgroup: KernelCgroup | None = None
 
 
 class Watchdog:
@@ -121,6 +124,8 @@ class Watchdog:
             else None
         )
         self.memory = MemoryWatch(settings.memory_soft_limit_bytes, settings.memory_hard_limit_bytes, self._log)
+        # The cgroup outlives a replaced kernel: only OOM kills from this kernel's start on are its own.
+        self._oom_kills_before = settings.memory_cgroup.oom_kills() if settings.memory_cgroup is not None else 0
         self.broker = BrokerLink(broker, comm_id, clock) if broker is not None else None
         self.loss: Loss | None = None
         self.outcomes = Outcomes(held=self._held)
@@ -265,7 +270,15 @@ class Watchdog:
     def _on_control(self, msg: dict[str, Any]) -> None:
         """A control message nobody waits for: a late reply (an interrupt's, a hello's); nothing to do."""
 
+    def cgroup_cause(self) -> str | None:
+        """The memory cause when the Linux kernel's OOM killer ended a process of the kernel's cgroup."""
+        group = self.settings.memory_cgroup
+        return group.oom_cause() if group is not None and group.oom_kills() > self._oom_kills_before else None
+
     def _check_memory(self) -> None:
+        if (cause := self.cgroup_cause()) is not None:  # first: the cgroup may have killed a process already
+            self._kill(None, cause)
+            return
         sample = self.observer.poll()
         if sample is None:
             return
@@ -286,6 +299,9 @@ class Watchdog:
         status = self._exit_status()
         if status is None:
             return False
+        if (cause := self.cgroup_cause()) is not None:  # the cgroup's OOM killer ended the whole tree
+            self._kill(None, cause)
+            return True
         if status == names.DEADLINE_EXIT_STATUS and self.deadlines is not None:
             self._record_loss(self.current_execution(), self.deadlines.cause)
         self.outcomes.lose_all(f"the kernel's process tree exited ({status})")

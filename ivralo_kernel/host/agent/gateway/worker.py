@@ -106,6 +106,10 @@ class RemoteDeadline:
             return Phase.KILLED
         return Phase.INTERRUPTED if msg_id in self._interrupted else Phase.FINISHED
 
+    def cgroup_cause(self) -> str | None:
+        """A gateway's kernel runs in the gateway's cgroup, never one of this host's: none to read."""
+        return None
+
     def take_soft_notice(self) -> str | None:
         return None
 
