@@ -66,14 +66,22 @@ class AttachedSession:
         except (OSError, ValueError, KeyError) as exc:
             raise AttachError(f"{self.connection_file}: not a kernel connection file ({exc})") from None
         self._client.start_channels()
-        try:
-            await self._client.wait_for_ready(timeout=READY_TIMEOUT_S)
-            reply = await self._client.kernel_info(reply=True, timeout=READY_TIMEOUT_S)
-        except (RuntimeError, TimeoutError) as exc:
-            self._client.stop_channels()
-            raise AttachError(
-                f"no kernel answered at {self.connection_file} within {READY_TIMEOUT_S:g} s ({exc}); is it running?"
-            ) from None
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while True:
+            try:
+                await self._client.wait_for_ready(timeout=max(0.1, deadline - time.monotonic()))
+                reply = await self._client.kernel_info(reply=True, timeout=max(0.1, deadline - time.monotonic()))
+                break
+            except (RuntimeError, TimeoutError) as exc:
+                # "Kernel died before replying": a client without a manager judges by the heartbeat, which
+                # a kernel still starting (the person's, just launched, on a busy machine) misses for a
+                # second. Ask again until the deadline; only then is it not there.
+                if time.monotonic() < deadline and "died" in str(exc):
+                    continue
+                self._client.stop_channels()
+                raise AttachError(
+                    f"no kernel answered at {self.connection_file} within {READY_TIMEOUT_S:g} s ({exc}); is it running?"
+                ) from None
         self.kernel_info = dict(reply["content"])
         if not self.is_ivralo:
             self.note = NOT_OURS
