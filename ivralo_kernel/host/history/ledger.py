@@ -243,7 +243,11 @@ class HistoryRecorder:
         return read_index(self.directory, self.refused)
 
     def changed(self) -> bool:
-        """The index changed since the last pass (a stat: cheap enough for the end of every cell)."""
+        """The index changed since the last pass, or a pass is under way (a stat: cheap enough for the
+        end of every cell). A pass on the watchdog's thread marks the index seen before it has written
+        the ledger: a caller that skipped it then could list the history before its copies were in."""
+        if self._lock.locked():
+            return True
         try:
             st = os.stat(os.path.join(self.directory, INDEX), follow_symlinks=False)
         except OSError:
