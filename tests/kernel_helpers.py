@@ -109,6 +109,22 @@ def raw_client(connection_file: str) -> BlockingKernelClient:
     return client
 
 
+def shut_down(kc: BlockingKernelClient, timeout: float) -> None:
+    """Ask the kernel to shut down and wait for its reply: ``stop_channels`` closes the control
+    socket with linger 0, which drops a request a loaded machine has not sent yet."""
+    asked = kc.shutdown()
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        assert left > 0, f"no shutdown_reply within {timeout} s"
+        try:
+            msg = kc.control_channel.get_msg(timeout=left)
+        except queue.Empty:
+            continue
+        if msg["parent_header"].get("msg_id") == asked:
+            return
+
+
 def reply_to(kc: BlockingKernelClient, msg_id: str, timeout: float) -> dict[str, Any]:
     """The shell reply to ``msg_id``; replies to earlier requests (``wait_for_ready`` asks for
     kernel_info every second, and a loaded machine answers late) are skipped, never taken for it."""

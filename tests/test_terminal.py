@@ -23,7 +23,7 @@ import pytest
 from conftest import FALLBACK_KERNEL, wait_until
 from jupyter_client.connect import write_connection_file
 from jupyter_client.kernelspec import KernelSpecManager
-from kernel_helpers import execute, raw_client
+from kernel_helpers import execute, raw_client, shut_down
 
 PUSH = r"""
 import ctypes, os
@@ -123,7 +123,7 @@ for cmd in (['sh', '-c', 'exec "$0" -c "$1" </dev/tty', sys.executable, {script!
     print(r.stdout + r.stderr)
 """
         said += execute(kc, code).stdout
-        kc.shutdown()
+        shut_down(kc, 60)
     finally:
         kc.stop_channels()
     terminal.wait_for(b"KERNEL-ENDED", 60)
