@@ -10,35 +10,18 @@ from __future__ import annotations
 import os
 import threading
 import time
-from pathlib import Path
 
+from ivralo_kernel.kernel.tree_rss import TreeRss
 from ivralo_kernel.kernel.workspace_watch import WorkspaceWatch
 from ivralo_kernel.protocol.messages import CallRecord, Effects
 
 SAMPLE_S = 0.1  # the tree's RSS is sampled this often while a cell runs
-PAGE = os.sysconf("SC_PAGE_SIZE")
-
-
-def tree_rss(root: int) -> int:
-    """RSS of ``root`` and its descendants, in bytes (``/proc/PID/task/*/children``)."""
-    total, stack, seen = 0, [root], set()
-    while stack:
-        pid = stack.pop()
-        if pid in seen:
-            continue
-        seen.add(pid)
-        try:
-            total += int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE
-            for task in os.scandir(f"/proc/{pid}/task"):
-                stack += [int(c) for c in Path(task.path, "children").read_text().split()]
-        except (OSError, ValueError, IndexError):
-            continue
-    return total
 
 
 class EffectsRecorder:
     def __init__(self, workspace: str) -> None:
         self.watch = WorkspaceWatch(workspace)
+        self._rss = TreeRss()  # shared with the sampler thread (it locks)
         self._started_at = 0.0
         self._cpu_at = 0.0
         self._peak = 0
@@ -51,7 +34,7 @@ class EffectsRecorder:
     def begin(self) -> None:
         collect = time.perf_counter()
         self.watch.begin()
-        self._peak = tree_rss(os.getpid())
+        self._peak = self._rss.read()
         self._sampling.set()
         if self._sampler is None:
             self._sampler = threading.Thread(target=self._sample, name="ivralo-effects-rss", daemon=True)
@@ -65,7 +48,7 @@ class EffectsRecorder:
         wall, cpu = time.monotonic() - self._started_at, _cpu_s() - self._cpu_at
         collect = time.perf_counter()
         self._sampling.clear()
-        self._peak = max(self._peak, tree_rss(os.getpid()))
+        self._peak = max(self._peak, self._rss.read())
         files = self.watch.end()
         # A file renamed over by Python was kept first: it changed, it was not created.
         created = [p for p in files.created if p not in history]
@@ -90,7 +73,7 @@ class EffectsRecorder:
             self._sampling.wait()
             time.sleep(SAMPLE_S)
             if self._sampling.is_set():
-                self._peak = max(self._peak, tree_rss(os.getpid()))
+                self._peak = max(self._peak, self._rss.read())
 
 
 def _cpu_s() -> float:
