@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast, overload
 
 from ivralo_kernel.host.jupyter.kernel_tree import SandboxLaunch
+from ivralo_kernel.host.sandbox.exchange_folder import remove_exchange_folder
 
 if TYPE_CHECKING:
     from ivralo_kernel.host.broker.responder import BrokerResponder
@@ -85,7 +85,7 @@ class KernelResources:
             self.egress.close()
             self.egress = None
         if self.exchange_dir is not None:
-            shutil.rmtree(self.exchange_dir, ignore_errors=True)
+            remove_exchange_folder(self.exchange_dir)
             self.exchange_dir = None
         self.launch.close()
 

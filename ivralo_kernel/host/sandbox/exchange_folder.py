@@ -11,10 +11,19 @@ import contextlib
 import os
 import tempfile
 
-__all__ = ["SEGMENT_PREFIX", "clear_exchange_folder", "create_exchange_folder", "exchange_root"]
+from ivralo_kernel.host.sandbox.owned_folders import make_owned_folder, release_owned_folder
+
+__all__ = [
+    "SEGMENT_PREFIX",
+    "clear_exchange_folder",
+    "create_exchange_folder",
+    "exchange_root",
+    "remove_exchange_folder",
+]
 
 SHM = "/dev/shm"  # noqa: S108 - the machine's tmpfs for shared memory; each kernel gets its own folder in it
 SEGMENT_PREFIX = "seg-"
+EXCHANGE_PREFIX = "ivralo-xchg-"
 
 
 def exchange_root() -> str:
@@ -35,7 +44,13 @@ def _filesystem(path: str) -> str:
 
 
 def create_exchange_folder() -> str:
-    return tempfile.mkdtemp(prefix="ivralo-xchg-", dir=exchange_root())
+    """A new exchange folder, stamped as this host's (``owned_folders``: a later start removes it if
+    this host dies without cleaning up)."""
+    return make_owned_folder(EXCHANGE_PREFIX, exchange_root())
+
+
+def remove_exchange_folder(folder: str) -> None:
+    release_owned_folder(folder)
 
 
 def clear_exchange_folder(folder: str) -> None:

@@ -14,10 +14,8 @@ import json
 import logging
 import os
 import select
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import IO, Any
@@ -25,6 +23,7 @@ from typing import IO, Any
 import ivralo_kernel.host.sandbox.limits as sandbox_limits
 from ivralo_kernel.host.sandbox.closed_paths import WorkspaceClaim
 from ivralo_kernel.host.sandbox.kernel_output import printable
+from ivralo_kernel.host.sandbox.owned_folders import make_owned_folder, release_owned_folder
 from ivralo_kernel.host.sandbox.plan import SandboxPlan, prepare_workspace
 from ivralo_kernel.protocol import names, pipe
 from ivralo_kernel.protocol.sandbox import link_mounts, seccomp
@@ -54,7 +53,9 @@ class SandboxFolder:
 
     @classmethod
     def create(cls) -> SandboxFolder:
-        root = tempfile.mkdtemp(prefix="ivralo-")  # short: a socket's sun_path holds 107 bytes
+        # Short (a socket's sun_path holds 107 bytes), and stamped as ours: a later host's start removes
+        # it if this one dies without cleaning up (owned_folders).
+        root = make_owned_folder("ivralo-")
         os.makedirs(os.path.join(root, "run"), mode=0o700)
         folder = cls(root, _seccomp_program_fd())
         with open(folder.empty_file, "w", encoding="utf-8"):
@@ -105,7 +106,7 @@ class SandboxFolder:
         if self.seccomp_fd >= 0:
             with contextlib.suppress(OSError):
                 os.close(self.seccomp_fd)
-        shutil.rmtree(self.root, ignore_errors=True)
+        release_owned_folder(self.root)
         while self.claims:
             self.claims.popitem()[1].release()
 

@@ -1,0 +1,73 @@
+"""Nothing left behind by a SIGKILLed host: the next start removes its stamped folders, never a live host's."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ivralo_kernel.host.sandbox.owned_folders import make_owned_folder, release_owned_folder, sweep_stale_folders
+from tests.leftovers import folders_of, is_held, stale_folders
+
+HOST = """
+import sys
+from ivralo_kernel.host.sandbox.owned_folders import make_owned_folder
+for prefix in ("ivralo-", "ivralo-xchg-"):
+    print(make_owned_folder(prefix, sys.argv[1]), flush=True)
+sys.stdin.read()
+"""
+
+
+def _host(parent: Path) -> tuple[subprocess.Popen[str], list[Path]]:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOST, str(parent)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None
+    folders = [Path(proc.stdout.readline().strip()) for _ in range(2)]  # the handshake: both are made
+    return proc, folders
+
+
+def _end(proc: subprocess.Popen[str]) -> None:
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait(10)
+    for stream in (proc.stdin, proc.stdout):
+        if stream is not None:
+            stream.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_start_removes_a_killed_hosts_folders_and_keeps_a_live_hosts(tmp_path: Path) -> None:
+    roots = ((str(tmp_path), "ivralo-"), (str(tmp_path), "ivralo-xchg-"))
+    live, live_folders = _host(tmp_path)
+    dead, dead_folders = _host(tmp_path)
+    try:
+        assert sorted(folders_of(dead.pid, roots)) == sorted(dead_folders)
+        os.kill(dead.pid, signal.SIGKILL)
+        dead.wait(10)
+        assert set(stale_folders(roots)) == set(dead_folders)
+        assert all(is_held(f) for f in live_folders)
+        # The next host's start sweeps: the killed host's folders go, the live host's stay.
+        mine = make_owned_folder("ivralo-", str(tmp_path))
+        assert not any(f.exists() for f in dead_folders)
+        assert all(f.exists() for f in live_folders)
+        assert sweep_stale_folders(str(tmp_path), "ivralo-") == []
+        release_owned_folder(mine)
+        assert not Path(mine).exists()
+        assert stale_folders(roots) == []
+    finally:
+        _end(live)
+        _end(dead)
+    assert set(stale_folders(roots)) == set(live_folders)  # the live one is gone now: its folders are stale
+
+
+@pytest.mark.fast
+def test_a_folder_without_a_stamp_is_never_swept(tmp_path: Path) -> None:
+    legacy = tmp_path / "ivralo-legacy"  # one being made, or an older release's
+    legacy.mkdir()
+    assert sweep_stale_folders(str(tmp_path), "ivralo-") == []
+    assert legacy.exists()
