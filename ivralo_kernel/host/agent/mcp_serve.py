@@ -12,10 +12,13 @@ import sys
 from collections.abc import Callable, Iterator
 
 import anyio
+from mcp.server import MCPServer
+from mcp.server.stdio import stdio_server
 
 from ivralo_kernel.host import Session
 from ivralo_kernel.host.agent.mcp_questions import QuestionDesk
 from ivralo_kernel.host.agent.mcp_server import HTTP_STATELESS_KEY, ClientSessions, build_server
+from ivralo_kernel.host.agent.mcp_stdio import loop_stdio, pipes_can_serve
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 SESSION_SWEEP_S = 0.5  # how soon a session whose HTTP client left has its kernel ended
@@ -42,9 +45,20 @@ async def serve_stdio(make_session: Callable[[QuestionDesk], Session]) -> None:
     for sig in STOP_SIGNALS:
         loop.add_signal_handler(sig, lambda: stopping.append(asyncio.ensure_future(stop())))
     try:
-        await server.run_stdio_async()  # returns at stdin's end: the client is gone
+        await _run_stdio(server)  # returns at stdin's end: the client is gone
     finally:
         await _closed(clients)
+
+
+async def _run_stdio(server: MCPServer) -> None:
+    """The SDK's stdio transport and Server, on loop streams (``mcp_stdio.py``) where stdin and stdout
+    can be: no thread hop per line read or written."""
+    if not pipes_can_serve():
+        await server.run_stdio_async()
+        return
+    lowlevel = server._lowlevel_server  # the SDK's run_stdio_async does the same, with its own streams
+    async with loop_stdio() as (stdin, stdout), stdio_server(stdin, stdout) as (read_stream, write_stream):  # type: ignore[arg-type]
+        await lowlevel.run(read_stream, write_stream, lowlevel.create_initialization_options())
 
 
 async def serve_http(make_session: Callable[[QuestionDesk], Session], host: str, port: int) -> None:
