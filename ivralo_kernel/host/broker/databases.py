@@ -38,7 +38,7 @@ import os
 import sqlite3
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
@@ -76,7 +76,7 @@ class DatabaseEntry:
 @dataclass(frozen=True)
 class QueryAnswer:
     columns: list[str]
-    rows: list[list[Any]]
+    rows: list[Sequence[Any]]  # already through the vault's redaction (each batch's JSON text searched)
     cut: str | None  # why the rows stop early, when they do
     rowcount: int | None = None  # rows a write changed
 
@@ -149,6 +149,7 @@ def _narrowed(
 
 
 _PLAIN = frozenset({int, str, bool, type(None)})  # passed as they are; floats are checked (NaN is not JSON)
+_SIZED = (str, bytes)  # values whose length counts toward a row's least JSON size (bytes: base64, more)
 
 
 def _json_value(value: Any) -> Any:
@@ -170,20 +171,36 @@ def _json_value(value: Any) -> Any:
     return str(value)
 
 
+_FAST = _PLAIN | {float}  # a batch of only these is dumped as it is (allow_nan=False catches NaN)
+
+
+def _as_json(batch: list[Sequence[Any]]) -> tuple[list[Sequence[Any]], str]:
+    """The batch as JSON carries it, and its JSON text. One ``dumps`` when every value is plain (the
+    usual case: a per-value conversion pass cost more than the query); otherwise value by value."""
+    if {type(v) for row in batch for v in row} <= _FAST:
+        try:
+            return batch, json.dumps(batch, separators=(",", ":"), allow_nan=False)
+        except ValueError:  # NaN or infinity: converted below, as any other value JSON cannot carry
+            pass
+    converted: list[Sequence[Any]] = [[v if type(v) in _PLAIN else _json_value(v) for v in row] for row in batch]
+    return converted, json.dumps(converted, separators=(",", ":"))
+
+
 def _add_sized(
-    rows: list[list[Any]], batch: list[list[Any]], size: int, entry: DatabaseEntry
+    rows: list[Sequence[Any]], batch: list[Sequence[Any]], size: int, entry: DatabaseEntry, vault: CredentialVault
 ) -> tuple[int, str | None]:
     """Add ``batch`` to ``rows`` while their JSON stays under ``max_bytes``: (the size now, why they
-    stop, or None)."""
-    batch_size = len(json.dumps(batch, separators=(",", ":")))
-    if size + batch_size <= entry.max_bytes:
-        rows.extend(batch)
-        return size + batch_size, None
+    stop, or None). Each row added has been through the vault's redaction (its JSON text searched)."""
+    batch, text = _as_json(batch)
+    if size + len(text) <= entry.max_bytes:
+        rows.extend(vault.redacted_dump(batch, text))
+        return size + len(text), None
     for row in batch:  # find the row where the cap falls
-        size += len(json.dumps(row, separators=(",", ":"))) + 1
+        text = json.dumps(row, separators=(",", ":"))
+        size += len(text) + 1
         if size > entry.max_bytes:
             break
-        rows.append(row)
+        rows.append(vault.redacted_dump(row, text))
     return size, f"cut at {len(rows)} rows: {entry.max_bytes} bytes (max_bytes of {entry.name})"
 
 
@@ -348,25 +365,26 @@ class Databases:
         if not result.returns_rows:
             return QueryAnswer([], [], None, result.rowcount)
         columns = list(result.keys())
-        rows: list[list[Any]] = []
-        pending: list[list[Any]] = []  # fetched, not yet sized exactly (one dumps per row costs too much)
+        rows: list[Sequence[Any]] = []
+        pending: list[Sequence[Any]] = []  # fetched, not yet sized exactly (one dumps per row costs too much)
         size, least = 0, 0  # least: a lower bound of the pending rows' JSON size
         cut: str | None = None
         try:
-            for row in result:
+            # The driver's own cursor: a text() query has no result types for SQLAlchemy to apply, and
+            # its Row objects cost twice the fetch. Still one row at a time (the cap, above).
+            for row in result.cursor:
                 if len(rows) + len(pending) >= entry.max_rows:
                     cut = f"cut at {entry.max_rows} rows (max_rows of {entry.name} in databases.json)"
                     break
-                values = [v if type(v) in _PLAIN else _json_value(v) for v in row]
-                pending.append(values)
-                least += len(values) + sum(len(v) for v in values if type(v) is str)
+                pending.append(row)
+                least += len(row) + sum(len(v) for v in row if type(v) in _SIZED)
                 if len(pending) >= FETCH_BATCH or size + least > entry.max_bytes:
-                    size, cut = _add_sized(rows, pending, size, entry)
+                    size, cut = _add_sized(rows, pending, size, entry, self._vault)
                     pending, least = [], 0
                     if cut is not None:
                         break
             if pending:
-                size, cut_by_bytes = _add_sized(rows, pending, size, entry)
+                size, cut_by_bytes = _add_sized(rows, pending, size, entry, self._vault)
                 cut = cut_by_bytes or cut
         finally:
             result.close()

@@ -219,8 +219,9 @@ class BrokerResponder:
 
         def job() -> BrokerAnswer:
             answer = self.databases.query(name, sql, params)
-            result = {"columns": answer.columns, "rows": answer.rows, "cut": answer.cut, "rowcount": answer.rowcount}
-            return BrokerAnswer(ok=True, result=self.vault.redact_json(result))
+            # The rows were redacted batch by batch as they were sized (one JSON pass, not two).
+            result = self.vault.redact_json({"columns": answer.columns, "cut": answer.cut, "rowcount": answer.rowcount})
+            return BrokerAnswer(ok=True, result={**result, "rows": answer.rows})
 
         return job, f"{name} database", entry.url_env
 
