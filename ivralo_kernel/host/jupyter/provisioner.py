@@ -42,7 +42,7 @@ from ivralo_kernel.host.sandbox.exchange_folder import clear_exchange_folder, cr
 from ivralo_kernel.host.sandbox.kernel_output import relay_output
 from ivralo_kernel.host.sandbox.launch import SandboxFolder, SandboxStart, kernel_connection, sandboxed_command
 from ivralo_kernel.host.sandbox.memory_cgroup import KernelCgroup
-from ivralo_kernel.host.sandbox.plan import dotenv_for_kernel, prepare_workspace
+from ivralo_kernel.host.sandbox.plan import dotenv_for_kernel, dotenv_set_aside, prepare_workspace
 from ivralo_kernel.host.settings.resolve import IvraloSettings, config_file_layers
 from ivralo_kernel.host.settings.workspace_files import DOTENV, WorkspaceFiles, protected_in_sandbox
 from ivralo_kernel.host.watch.watchdog import Watchdog
@@ -147,7 +147,8 @@ class IvraloProvisioner(KernelWatch, SpareAdoption, LocalProvisioner, IvraloSett
         if bwrap is not None:
             prepare_workspace(policy.workspace)  # .ivralo exists before the sandbox mounts it read-only
         protected = protected_in_sandbox(policy.workspace) if bwrap is not None else frozenset()
-        for line in self.workspace_files.begin(protected):
+        set_aside = dotenv_set_aside(policy.workspace)
+        for line in [*self.workspace_files.begin(protected), *filter(None, [set_aside])]:
             self.log.warning("ivralo: %s", line)
             env[names.ENV_HOST_NOTES] = "\n".join(filter(None, (env.get(names.ENV_HOST_NOTES), line)))
         # The workspace's .env is read here, never by the kernel: only its plain values go in.

@@ -50,7 +50,7 @@ from ivralo_kernel.host.sandbox.launch import (
     kernel_connection,
     sandboxed_command,
 )
-from ivralo_kernel.host.sandbox.plan import dotenv_for_kernel, prepare_workspace
+from ivralo_kernel.host.sandbox.plan import dotenv_for_kernel, dotenv_set_aside, prepare_workspace
 from ivralo_kernel.host.settings.config_files import config_files
 from ivralo_kernel.host.settings.workspace_files import DOTENV, WorkspaceFiles, protected_in_sandbox
 from ivralo_kernel.protocol import KernelPolicy, database_env_names, names, scrub
@@ -81,7 +81,7 @@ def kernel_env(workspace: str, files: WorkspaceFiles, protected: frozenset[str])
     env, _ = scrub(os.environ, db_names)
     env.pop(names.ENV_SANDBOX_SETTING, None)
     env[names.ENV_WORKSPACE] = workspace
-    lines = files.begin(protected)
+    lines = [*files.begin(protected), *filter(None, [dotenv_set_aside(workspace)])]
     for line in lines:
         print(f"ivralo: {line}", file=sys.stderr)
     if lines:

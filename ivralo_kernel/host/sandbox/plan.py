@@ -395,12 +395,38 @@ def prepare_workspace(workspace: str) -> None:
             pass
 
 
+def dotenv_set_aside(workspace: str) -> str | None:
+    """Why the workspace's ``.env`` cannot be used, in one line naming the file, the line and what
+    to do; None when it can (or there is none). The file is the workspace's, so any bytes may be in
+    it: a NUL byte (which no environment can hold) or bytes that are not UTF-8 set the whole file
+    aside, and the kernel starts without it, rather than not starting at all."""
+    path = os.path.join(workspace, names.DOTENV_FILE)
+    try:
+        data = Path(path).read_bytes()
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        return None
+    except OSError as exc:
+        return f"{path} was set aside: it cannot be read ({exc.strerror or exc}); fix its permissions"
+    for number, line in enumerate(data.split(b"\n"), start=1):
+        if b"\0" in line:
+            why = "holds a NUL byte, which no environment variable can hold"
+        else:
+            try:
+                line.decode("utf-8")
+                continue
+            except UnicodeDecodeError:
+                why = "is not UTF-8 text"
+        fix = "remove that line (or save the file as UTF-8) and restart the kernel"
+        return f"{path} was set aside: line {number} {why}; {fix}"
+    return None
+
+
 def dotenv_for_kernel(workspace: str, env: Mapping[str, str], use_file: bool = True) -> dict[str, str]:
     """The workspace's ``.env`` as the kernel would have loaded it, read here by the host (inside
     the sandbox the file reads empty): ``${VAR}`` expanded against the kernel's own, already
     scrubbed, environment, never the host's; secrets left out; what ``env`` sets wins."""
     path = os.path.join(workspace, names.DOTENV_FILE)
-    if not use_file or not os.path.isfile(path):
+    if not use_file or not os.path.isfile(path) or dotenv_set_aside(workspace) is not None:
         return {}
     from dotenv.main import DotEnv
     from dotenv.variables import parse_variables
@@ -427,7 +453,7 @@ def dotenv_split(workspace: str, env: Mapping[str, str], values: Mapping[str, st
 def dotenv_kept_out(workspace: str, env: Mapping[str, str]) -> list[str]:
     """The names in the workspace's ``.env`` that never reach the kernel (for doctor: names only)."""
     path = os.path.join(workspace, names.DOTENV_FILE)
-    if not os.path.isfile(path):
+    if not os.path.isfile(path) or dotenv_set_aside(workspace) is not None:
         return []
     from dotenv import dotenv_values
 
