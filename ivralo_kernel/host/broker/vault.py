@@ -73,10 +73,7 @@ class CredentialVault:
     def redact_json(self, value: Any) -> Any:
         """The same, over a whole JSON-able answer in one pass (a 100k-row result stays fast)."""
         pattern, _ = self._pattern()
-        if pattern is None:
-            return value
-        text = json.dumps(value)
-        return value if pattern.search(text) is None else json.loads(self.redact(text))
+        return value if pattern is None else self.redacted_dump(value, json.dumps(value))
 
     def redacted_dump(self, value: Any, text: str) -> Any:
         """``value``, given ``text``, its JSON dump already made (the broker sizes each batch of rows
