@@ -16,6 +16,7 @@ from pathlib import Path
 from jupyter_client.blocking.client import BlockingKernelClient
 from jupyter_client.manager import KernelManager
 from kernel_helpers import execute
+from servers import person_http_server
 
 SECRET = "sk-live-4f9d2c1b8a7e"  # a made-up credential: it must never be readable from the kernel
 
@@ -156,7 +157,7 @@ def counting_http() -> Iterator[tuple[int, list[str]]]:
         def log_message(self, *args: object) -> None:
             pass
 
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    httpd = person_http_server(Handler)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
     try:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import http.server
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -13,9 +14,28 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+# Where a person's own servers listen in these tests: a random port below Linux's ephemeral range
+# (32768-60999). The sandbox's relay connects a ``localhost`` request to a server *inside* the
+# sandbox when one listens on that port (a cell's dev server), and ipykernel's own sockets there
+# (its iostream pipe) take ephemeral ports: a person's server on an ephemeral port can collide with
+# one (seen once in CI: the kernel's pipe got the HTTP request). People's servers use fixed ports
+# (3000, 8000, 8888), below that range; so do the tests'.
+PERSON_PORTS = range(20000, 32768)
+
+
+def person_http_server(handler: Callable[..., http.server.BaseHTTPRequestHandler]) -> http.server.ThreadingHTTPServer:
+    """A ThreadingHTTPServer on 127.0.0.1 at a free port in PERSON_PORTS (not serving yet)."""
+    for _ in range(200):
+        try:
+            return http.server.ThreadingHTTPServer(("127.0.0.1", random.choice(PERSON_PORTS)), handler)
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                raise
+    raise OSError(errno.EADDRINUSE, f"no free port in {PERSON_PORTS}")
 
 
 def free_port() -> int:

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 import showcase_shots
-from servers import jupyter_server
+from servers import jupyter_server, person_http_server
 
 from ivralo_kernel.cli.install import install
 
@@ -222,7 +222,7 @@ def test_the_person_is_asked_about_an_unknown_host(page: Any, lab: dict[str, Any
         def log_message(self, *args: object) -> None:
             pass
 
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
+    httpd = person_http_server(Quiet)
     port = int(httpd.server_address[1])
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     # Nothing is allowed in advance: a fresh folder, as a newcomer has it.
@@ -271,7 +271,7 @@ def test_the_person_says_no_to_a_subprocess(page: Any, lab: dict[str, Any]) -> N
         def log_message(self, *args: object) -> None:
             pass
 
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
+    httpd = person_http_server(Quiet)
     port = int(httpd.server_address[1])
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     try:

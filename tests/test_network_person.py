@@ -23,6 +23,7 @@ from console import jupyter_console
 from jupyter_client.manager import KernelManager
 from kernel_helpers import answering
 from nbclient import NotebookClient
+from servers import person_http_server
 
 from ivralo_kernel.cli.install import install
 from ivralo_kernel.protocol.trust import set_trust
@@ -37,7 +38,7 @@ def port() -> Iterator[int]:
         def log_message(self, *args: object) -> None:
             pass
 
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
+    httpd = person_http_server(Quiet)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
     try:

@@ -34,6 +34,7 @@ from sandbox_cases import (
     try_unix_sockets,
     unix_servers,
 )
+from servers import person_http_server
 
 
 @pytest.fixture
@@ -406,7 +407,7 @@ def test_pip_download_from_a_local_index_is_asked_about(workspace: Path, tmp_pat
         def log_message(self, *args: object) -> None:
             pass
 
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), partial(Index, directory=str(index)))
+    httpd = person_http_server(partial(Index, directory=str(index)))
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     port = int(httpd.server_address[1])
     asked: list[str] = []

@@ -84,7 +84,10 @@ def allow_always(workspace: str, host: str) -> Path:
     if host not in allow:
         allow.append(host)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+    # Whole or not at all: a proxy thread judging another request reads the file meanwhile.
+    partial = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    partial.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+    os.replace(partial, path)
     return path
 
 
@@ -174,6 +177,11 @@ class EgressDesk:
             question = self._open.get(key)
             mine = question is None or question.done()
             if mine:
+                # An "always" answered since this caller's first look is in permissions.json now
+                # (written before that question's answer was set): judge again before asking anew.
+                allowed, reason = self.policy().judge(host, port)
+                if allowed is not None:
+                    return allowed, reason
                 question = self._open[key] = Future()
         assert question is not None
         if mine:
@@ -237,9 +245,11 @@ class EgressDesk:
     def _record(self, host: str, port: int | None, choice: str) -> BrokerAnswer:
         key = grant_key(normalize(host), port)
         if choice == "always" and self.trusted:
-            allow_always(self.workspace, key)
-            if self.files is not None:
-                self.files.host_wrote(PERMISSIONS)
+            if self.files is None:
+                allow_always(self.workspace, key)
+            else:
+                with self.files.host_writes(PERMISSIONS):
+                    allow_always(self.workspace, key)
             return {"allowed": True, "reason": "always (hosts.allow)"}
         if choice in ("yes", "always"):
             self._granted[key] = True

@@ -118,11 +118,15 @@ class WorkspaceFiles:
                 return False
             return True
 
-    def host_wrote(self, rel: str) -> None:
-        """The host itself changed the file (an "always" answer): its new content is the noted one."""
-        if rel in self._protected:
-            return
+    @contextlib.contextmanager
+    def host_writes(self, rel: str) -> Iterator[None]:
+        """The host itself changes the file inside this block (an "always" answer): its new content
+        is the noted one. The lock spans the write, so no ``usable`` in between sees a change that
+        is the host's own and sets the file aside."""
         with self._lock:
+            yield
+            if rel in self._protected:
+                return
             self._noted[rel] = digest(self._path(rel))
         with self._records() as records:
             running = records.get(self.workspace, {}).get("running", {})
