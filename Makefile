@@ -54,7 +54,7 @@ demo: $(VENV)/.installed
 		--workspace .demo-workspace --memory-limit 1073741824 --grant databases --grant shop
 
 test: $(VENV)/.installed-test $(EG_VENV)/.installed lint
-	$(PY) -m pytest
+	$(PY) -m pytest --durations=40  # the slowest, in CI's log: its 25 minutes are nearly used
 
 # The fast tier: tests that start no kernel and no process (under 30 s); `make test` runs them too.
 test-fast: $(VENV)/.installed-test

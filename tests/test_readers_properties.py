@@ -4,6 +4,7 @@ Each input is accepted, or refused with the reader's own clear error; never anot
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -11,6 +12,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ivralo_kernel.host.sandbox.plan import dotenv_for_kernel, dotenv_kept_out, dotenv_set_aside
+from ivralo_kernel.host.settings.file_problems import WHAT_TO_DO, settings_file_lines
+from ivralo_kernel.protocol import database_env_names
+from ivralo_kernel.protocol.network.egress import load_egress_policy
 from ivralo_kernel.protocol.network.proxying import BadRequest, parse_head
 
 EXAMPLES = 100 if os.environ.get("CI") == "true" else 300
@@ -65,3 +69,32 @@ def test_a_dotenv_with_a_nul_byte_is_set_aside_naming_its_line(tmp_path) -> None
     line = dotenv_set_aside(str(tmp_path))
     assert line is not None and "line 2" in line and "NUL" in line
     assert dotenv_for_kernel(str(tmp_path), {}) == {}
+
+
+_json_like = st.one_of(
+    st.binary(max_size=200),
+    st.recursive(
+        st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=20)),
+        lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=8), inner, max_size=4)),
+        max_leaves=12,
+    ).map(lambda value: json.dumps(value).encode()),
+    st.sampled_from([b"[" * 100_000, b'{"hosts": {"allow": [1, "", "a:b:c", "::1", "x" ]}}', b"\xef\xbb\xbf{}"]),
+)
+
+
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=_json_like, hosts_shape=st.booleans())
+def test_any_settings_file_is_read_or_named_with_a_line(tmp_path, data: bytes, hosts_shape: bool) -> None:
+    """permissions.json and databases.json, as code in the kernel may leave them: read, or a
+    sentence naming the file (what the banner shows); never another exception."""
+    if hosts_shape and data.startswith(b"{") and len(data) < 200:
+        data = b'{"hosts": {"allow": ' + data + b"}}"
+    state = tmp_path / ".ivralo"
+    state.mkdir(exist_ok=True)
+    (state / "permissions.json").write_bytes(data)
+    (tmp_path / "databases.json").write_bytes(data)
+    _, problems = database_env_names(str(tmp_path), {})
+    lines = settings_file_lines(str(tmp_path), problems, permissions_usable=True)
+    for line in lines:
+        assert str(tmp_path) in line and line.endswith(WHAT_TO_DO), line
+    load_egress_policy(str(tmp_path), {}).judge("example.org", 443)

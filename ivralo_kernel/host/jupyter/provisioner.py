@@ -43,8 +43,9 @@ from ivralo_kernel.host.sandbox.kernel_output import relay_output
 from ivralo_kernel.host.sandbox.launch import SandboxFolder, SandboxStart, kernel_connection, sandboxed_command
 from ivralo_kernel.host.sandbox.memory_cgroup import KernelCgroup
 from ivralo_kernel.host.sandbox.plan import dotenv_for_kernel, dotenv_set_aside, prepare_workspace
+from ivralo_kernel.host.settings.file_problems import settings_file_lines
 from ivralo_kernel.host.settings.resolve import IvraloSettings, config_file_layers
-from ivralo_kernel.host.settings.workspace_files import DOTENV, WorkspaceFiles, protected_in_sandbox
+from ivralo_kernel.host.settings.workspace_files import DOTENV, PERMISSIONS, WorkspaceFiles, protected_in_sandbox
 from ivralo_kernel.host.watch.watchdog import Watchdog
 from ivralo_kernel.protocol import KernelPolicy, database_env_names, names, scrub
 from ivralo_kernel.protocol.credentials import credential_store_paths
@@ -147,14 +148,14 @@ class IvraloProvisioner(KernelWatch, SpareAdoption, LocalProvisioner, IvraloSett
         if bwrap is not None:
             prepare_workspace(policy.workspace)  # .ivralo exists before the sandbox mounts it read-only
         protected = protected_in_sandbox(policy.workspace) if bwrap is not None else frozenset()
-        set_aside = dotenv_set_aside(policy.workspace)
-        for line in [*self.workspace_files.begin(protected), *filter(None, [set_aside])]:
+        lines = self.workspace_files.begin(protected)
+        lines += filter(None, [dotenv_set_aside(policy.workspace)])
+        lines += settings_file_lines(policy.workspace, problems, self.workspace_files.usable(PERMISSIONS))
+        for line in lines:
             self.log.warning("ivralo: %s", line)
             env[names.ENV_HOST_NOTES] = "\n".join(filter(None, (env.get(names.ENV_HOST_NOTES), line)))
         # The workspace's .env is read here, never by the kernel: only its plain values go in.
         env.update(dotenv_for_kernel(policy.workspace, env, self.workspace_files.usable(DOTENV)))
-        for problem in problems:
-            self.log.warning("ivralo: %s", problem)
         if removed:  # names only: values never reach a log
             self.log.info(
                 "ivralo: kept %d credential variable(s) out of the kernel: %s", len(removed), ", ".join(removed)

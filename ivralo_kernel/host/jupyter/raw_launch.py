@@ -52,7 +52,8 @@ from ivralo_kernel.host.sandbox.launch import (
 )
 from ivralo_kernel.host.sandbox.plan import dotenv_for_kernel, dotenv_set_aside, prepare_workspace
 from ivralo_kernel.host.settings.config_files import config_files
-from ivralo_kernel.host.settings.workspace_files import DOTENV, WorkspaceFiles, protected_in_sandbox
+from ivralo_kernel.host.settings.file_problems import settings_file_lines
+from ivralo_kernel.host.settings.workspace_files import DOTENV, PERMISSIONS, WorkspaceFiles, protected_in_sandbox
 from ivralo_kernel.protocol import KernelPolicy, database_env_names, names, scrub
 from ivralo_kernel.protocol.bootstrap import module_argv
 from ivralo_kernel.protocol.processes import from_returncode
@@ -77,11 +78,12 @@ def _supervisor_argv(args: list[str]) -> list[str]:
 def kernel_env(workspace: str, files: WorkspaceFiles, protected: frozenset[str]) -> dict[str, str]:
     """This environment without credentials, with the workspace ``.env``'s plain values (read here:
     the kernel never reads the file), unless a kernel of this workspace changed it (see config_watch)."""
-    db_names, _ = database_env_names(workspace, os.environ)
+    db_names, problems = database_env_names(workspace, os.environ)
     env, _ = scrub(os.environ, db_names)
     env.pop(names.ENV_SANDBOX_SETTING, None)
     env[names.ENV_WORKSPACE] = workspace
     lines = [*files.begin(protected), *filter(None, [dotenv_set_aside(workspace)])]
+    lines += settings_file_lines(workspace, problems, files.usable(PERMISSIONS))
     for line in lines:
         print(f"ivralo: {line}", file=sys.stderr)
     if lines:
