@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from tests.leftovers import folders_of, is_held, stale_folders
 
 HOST = """
 import sys
+import tempfile
 from ivralo_kernel.host.sandbox.owned_folders import make_owned_folder
 for prefix in ("ivralo-", "ivralo-xchg-"):
     print(make_owned_folder(prefix, sys.argv[1]), flush=True)
@@ -71,3 +73,32 @@ def test_a_folder_without_a_stamp_is_never_swept(tmp_path: Path) -> None:
     legacy.mkdir()
     assert sweep_stale_folders(str(tmp_path), "ivralo-") == []
     assert legacy.exists()
+
+
+@pytest.mark.timeout(90)
+def test_a_killed_fallback_supervisors_tmp_folder_is_swept(workspace: Path) -> None:
+    """Without a sandbox the kernel's private temp folder is on the host's /tmp: the supervisor
+    stamps it, so after a SIGKILL (its own removal never runs) the next start removes it."""
+    from conftest import FALLBACK_KERNEL, gone, wait_until
+    from jupyter_client.manager import KernelManager
+
+    tmp = tempfile.gettempdir()
+    roots = ((tmp, "ivralo-kernel-"),)
+    manager = KernelManager(kernel_name=FALLBACK_KERNEL)
+    manager.start_kernel(cwd=str(workspace))
+    try:
+        client = manager.client()
+        client.start_channels()
+        client.wait_for_ready(timeout=60)
+        client.stop_channels()
+        supervisor = manager.provisioner.supervisor_pid()  # type: ignore[union-attr]
+        assert supervisor is not None
+        (folder,) = folders_of(supervisor, roots)
+        assert is_held(folder)
+        os.kill(supervisor, signal.SIGKILL)
+        wait_until(lambda: gone(supervisor), 30, "the supervisor's end")
+        assert folder in stale_folders(roots)
+        assert folder in map(Path, sweep_stale_folders(tmp, "ivralo-"))  # what the next start does
+        assert not folder.exists()
+    finally:
+        manager.shutdown_kernel(now=True)

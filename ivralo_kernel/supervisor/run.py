@@ -38,6 +38,7 @@ import ivralo_kernel.supervisor.linux as linux
 # only an ending or a failure needs, then.
 from ivralo_kernel.protocol import KernelPolicy, database_env_names, names, scrub
 from ivralo_kernel.protocol.bootstrap import module_argv
+from ivralo_kernel.protocol.owner_stamp import stamp_folder
 
 # Host asks for an immediate end of the whole tree (the provisioner's kill, an agent's Esc).
 SIGNAL_KILL_NOW = signal.SIGUSR1
@@ -307,6 +308,8 @@ def main(argv: list[str] | None = None) -> int:
     os.set_inheritable(stage_w, True)
     stderr = _StderrRelay()
     tmp = _private_tmp()  # the kernel's private temp folder; removed below
+    # Stamped as ours: after a SIGKILL (no removal below), the next host's start sweeps it.
+    tmp_stamp = stamp_folder(tmp)
     relay = _egress_relay()
     kernel_env = _kernel_env(workspace, stage_w, tmp)
     if relay is not None:  # the port it listens on, for the kernel's proxy variables and Landlock's TCP rule
@@ -400,6 +403,7 @@ def main(argv: list[str] | None = None) -> int:
     import shutil
 
     shutil.rmtree(tmp, ignore_errors=True)
+    os.close(tmp_stamp)  # after the removal: a sweep that sees it unlocked finds nothing left
     built = names.STAGE_KERNEL_BUILT in stages
     if not built and term_deadline is None:  # a start that failed, or that the host gave up on
         how = stopped_by or describe_exit(exit_code(kernel_status or 0))

@@ -26,9 +26,10 @@ import time
 
 import psutil
 
+from ivralo_kernel.protocol.owner_stamp import STAMP, stamp_folder
+
 __all__ = ["STAMP", "make_owned_folder", "release_owned_folder", "sweep_stale_folders"]
 
-STAMP = ".ivralo-owner"
 # How often one host process looks for stale folders: at its first folder, then at most this often.
 SWEEP_INTERVAL_S = 300.0
 
@@ -44,14 +45,7 @@ def make_owned_folder(prefix: str, parent: str | None = None) -> str:
     _sweep_now_and_then(parent, prefix)
     folder = tempfile.mkdtemp(prefix=prefix, dir=parent)
     try:
-        fd = os.open(os.path.join(folder, STAMP + ".new"), os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a new file: nobody else holds it
-            os.write(fd, f"{os.getpid()} {_start_time(os.getpid())}\n".encode())
-            os.rename(os.path.join(folder, STAMP + ".new"), os.path.join(folder, STAMP))
-        except BaseException:
-            os.close(fd)
-            raise
+        fd = stamp_folder(folder, _start_time(os.getpid()))
     except BaseException:
         shutil.rmtree(folder, ignore_errors=True)
         raise
