@@ -58,10 +58,13 @@ class History:
         self.directory.mkdir(parents=True, exist_ok=True)
         entry = history_index.new_entry(path, operation, st.st_size)
         copy = self.directory / entry.copy
-        with open(self.directory / INDEX, "a", encoding="utf-8") as index:
+        with open(self.directory / INDEX, "a+", encoding="utf-8") as index:
             copies = self._known(os.fstat(index.fileno()))  # before our copy exists: it is added below
             shutil.copy2(path, copy)
-            index.write(entry.line())
+            size = os.fstat(index.fileno()).st_size
+            # A write cut short (a full disk) left a torn last line: ours starts on a line of its own.
+            torn = size and os.pread(index.fileno(), 1, size - 1) != b"\n"
+            index.write(("\n" if torn else "") + entry.line())
             index.flush()
             self._index_seen = _identity(os.fstat(index.fileno()))
         self._index_lines += 1

@@ -36,7 +36,7 @@ import os
 import stat
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 from ivralo_kernel.host.sandbox.plan import CLOSED_SEED
@@ -136,7 +136,23 @@ class HistoryLedger:
                 found[entry.copy] = Recorded(entry, digest)
         return found
 
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """The ledger to ourselves: a lock file beside it, as a compaction replaces the ledger's own
+        inode (an append waiting on the old one's lock would write into a file no longer there)."""
+        os.makedirs(os.path.dirname(self.path), mode=0o700, exist_ok=True)
+        fd = os.open(f"{self.path}.lock", os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # another host of this workspace records too
+            yield
+        finally:
+            os.close(fd)
+
     def add(self, records: Iterable[Recorded]) -> None:
+        with self._locked():
+            self._append(self.path, records)
+
+    def _append(self, path: str, records: Iterable[Recorded]) -> None:
         lines = []
         for record in records:
             fields = json.loads(record.entry.line())
@@ -144,11 +160,14 @@ class HistoryLedger:
             lines.append(json.dumps(fields) + "\n")
         if not lines:
             return
-        os.makedirs(os.path.dirname(self.path), mode=0o700, exist_ok=True)
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)  # another host of this workspace appends too
             data = "".join(lines).encode("utf-8", "surrogateescape")
+            size = os.fstat(fd).st_size
+            if size and os.pread(fd, 1, size - 1) != b"\n":
+                # A host killed in the middle of its append left a torn last line: ours starts on a
+                # line of its own, so the torn one is the only record lost (and it was never complete).
+                data = b"\n" + data
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view) :]
@@ -156,16 +175,16 @@ class HistoryLedger:
             os.close(fd)
 
     def compact(self, keep: set[str]) -> None:
-        """Only the records of copies still there (a temporary file, then an atomic replace)."""
-        records = [r for name, r in self.recorded().items() if name in keep]
-        fresh = f"{self.path}.{os.getpid()}.new"
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(fresh)
-        moved = HistoryLedger.__new__(HistoryLedger)
-        moved.workspace, moved.path = self.workspace, fresh
-        moved.add(records)
-        if os.path.exists(fresh):
-            os.replace(fresh, self.path)
+        """Only the records of copies still there (a temporary file, then an atomic replace), under
+        the lock: a record another host adds meanwhile is never dropped by the replace."""
+        with self._locked():
+            records = [r for name, r in self.recorded().items() if name in keep]
+            fresh = f"{self.path}.{os.getpid()}.new"
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(fresh)
+            self._append(fresh, records)
+            if os.path.exists(fresh):
+                os.replace(fresh, self.path)
 
     def line_count(self) -> int:
         try:
