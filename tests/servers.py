@@ -3,6 +3,7 @@ HTTP servers that say which address answered."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import http.server
 import os
@@ -48,6 +49,15 @@ def free_port() -> int:
 def jupyter_server(module: str, root: Path, token: str, *extra: str, timeout: float = 90) -> Iterator[str]:
     """Run ``python -m module`` serving ``root`` on 127.0.0.1; yield its URL once /api/status answers.
     Readiness is that answer (no sleeps); the whole process group is stopped at the end."""
+    with jupyter_server_process(module, root, token, *extra, timeout=timeout) as (url, _):
+        yield url
+
+
+@contextmanager
+def jupyter_server_process(
+    module: str, root: Path, token: str, *extra: str, timeout: float = 90
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """``jupyter_server``, yielding the server's process too (a test may kill it)."""
     port = free_port()
     cmd = [
         sys.executable, "-m", module, "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}",
@@ -71,13 +81,15 @@ def jupyter_server(module: str, root: Path, token: str, *extra: str, timeout: fl
                     pass
                 assert time.monotonic() < deadline, f"{module} did not come up; see {log_path}"
                 time.sleep(0.05)
-            yield url
+            yield url, proc
         finally:
-            os.killpg(proc.pid, signal.SIGTERM)
+            with contextlib.suppress(ProcessLookupError):  # a test may have killed the group already
+                os.killpg(proc.pid, signal.SIGTERM)
             try:
                 proc.wait(timeout=15)
             except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
 
 
