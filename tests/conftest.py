@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import leftovers
 import psutil
 import pytest
 from jupyter_client.blocking.client import BlockingKernelClient
@@ -102,6 +103,7 @@ def reap_zombies() -> None:
 def no_process_left_behind() -> Iterator[None]:
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     before_cgroups = kernel_cgroups()
+    before_folders = set(leftovers.ivralo_folders())
     yield
     deadline = time.monotonic() + 5
     while True:
@@ -121,6 +123,9 @@ def no_process_left_behind() -> Iterator[None]:
     assert not described, "processes left behind by the tests:\n" + "\n".join(described)
     cgroups = _cgroups_left(before_cgroups)
     assert not cgroups, "kernels' memory cgroups left behind by the tests:\n" + "\n".join(cgroups)
+    # This process's hosts removed every folder they made (a killed host's are the next start's to sweep).
+    folders = [str(f) for f in leftovers.folders_of(os.getpid()) if f not in before_folders]
+    assert not folders, "folders this run's hosts made and never removed:\n" + "\n".join(folders)
 
 
 def kernel_cgroups() -> set[str]:

@@ -10,9 +10,9 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from leftovers import folders_of, is_held, stale_folders
 
 from ivralo_kernel.host.sandbox.owned_folders import make_owned_folder, release_owned_folder, sweep_stale_folders
-from tests.leftovers import folders_of, is_held, stale_folders
 
 HOST = """
 import sys
