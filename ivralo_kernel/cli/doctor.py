@@ -23,7 +23,7 @@ from ivralo_kernel.host.watch.observer import human_bytes
 from ivralo_kernel.host.watch.processes import tree_rss
 from ivralo_kernel.protocol import database_env_names, names, scrub
 from ivralo_kernel.protocol.credentials import RULE_FILE, ScrubRule, config_home, rule_problems
-from ivralo_kernel.protocol.sandbox import container
+from ivralo_kernel.protocol.sandbox import container, devices
 from ivralo_kernel.protocol.terminal import terminal_safe
 
 GIB = 1 << 30
@@ -210,7 +210,17 @@ async def _probe(settings: tuple[str, ...], project: str | None = None) -> dict[
     checks += [_scrub_check(os.getcwd(), info.get("layers", {})), _broker_check(os.getcwd())]
     report = {"ok": all(c["status"] in ("ok", "partial") for c in checks), "kernel": info, "checks": checks}
     report["container"] = _container_note()
-    return {**report, "spares": _spares_note(idle_rss)}
+    return {**report, "spares": _spares_note(idle_rss), "devices": _devices_note(config.devices)}
+
+
+def _devices_note(setting: list[str]) -> str:
+    """Which devices (GPUs) a kernel gets with this ``devices`` setting, found on this machine now."""
+    passed, missing = devices.resolve(setting)
+    if setting == [devices.NONE]:
+        return "none (devices='none'): the sandbox's minimal /dev only"
+    found = ", ".join(passed) or "none present"
+    text = f"{found} (auto: {', '.join(devices.GPU_PATTERNS)})" if setting == [devices.AUTO] else found
+    return text + (f"; not on this machine: {', '.join(missing)}" if missing else "")
 
 
 def _cgroup_check(report: str) -> dict[str, str]:
@@ -280,6 +290,7 @@ def doctor(as_json: bool, settings: tuple[str, ...] = (), project: str | None = 
     interpreter = kernel.get("interpreter") or {}
     print(f"  interpreter: {safe(str(interpreter.get('choice', '?')))}")
     print(f"  warm spares (JupyterLab): {safe(report['spares']['detail'])}")
+    print(f"  devices passed through: {safe(report['devices'])}")
     if report.get("container"):  # the host's own reading, not the kernel's
         where = report["container"]
         print(f"  container: {where['runtime']} ({where['signal']}); full sandbox with: {where['settings']}")

@@ -184,10 +184,13 @@ def _apply_landlock(policy: KernelPolicy, workspace: str, tmp: str) -> tuple[str
         with contextlib.suppress(OSError):  # made now: once Landlock is on, nothing new appears at the top
             os.makedirs(own[0], exist_ok=True)
         workspace_grants, home_files = home_top.write_grants(workspace, home, own)
-    write_trees = (tmp, *DEVICE_TREES) if _writes_scratch_only(policy) else (*workspace_grants, tmp, *DEVICE_TREES)
+    # The GPUs the host passes through (protocol/sandbox/devices.py): their nodes, and /dev/dri's tree.
+    device_trees = (*DEVICE_TREES, *(p for p in policy.devices if os.path.isdir(p)))
+    device_files = (*DEVICE_FILES, *(p for p in policy.devices if not os.path.isdir(p)))
+    write_trees = (tmp, *device_trees) if _writes_scratch_only(policy) else (*workspace_grants, tmp, *device_trees)
     ports = _tcp_floor_ports(policy, workspace)
     connection_file = _connection_file()
-    write_files: tuple[str, ...] = (*DEVICE_FILES, connection_file) if connection_file else DEVICE_FILES
+    write_files: tuple[str, ...] = (*device_files, connection_file) if connection_file else device_files
     if not _writes_scratch_only(policy):
         write_files += home_files
     ipc = _ipc_socket_folder()
@@ -363,7 +366,7 @@ def _install_file_guards(policy: KernelPolicy, workspace: str) -> tuple[FileGuar
         workspace=workspace,
         readonly=policy.role == names.ROLE_READONLY,
         hermetic=policy.surface == names.SURFACE_HERMETIC,
-        writable_extra=(tmp, *DEVICE_FILES, *DEVICE_TREES, *filter(None, [_exchange_folder()])),
+        writable_extra=(tmp, *DEVICE_FILES, *DEVICE_TREES, *policy.devices, *filter(None, [_exchange_folder()])),
         config_home_is_workspace=os.path.realpath(config_home(os.environ)) == workspace,
         closed_reads=_credential_stores(policy, workspace),
         closed_writes=closed_writes,

@@ -40,6 +40,7 @@ ENV_CODE_PATH: Final = "IVRALO_CODE_PATH"
 ENV_INTERPRETER: Final = "IVRALO_INTERPRETER"
 # The static code gate for a raw launch: "on", and its lists comma-separated (unset: the defaults).
 ENV_CODE_GATE: Final = "IVRALO_CODE_GATE"
+ENV_DEVICES: Final = "IVRALO_DEVICES"  # auto, none, or device paths separated by commas (a launch without a host)
 ENV_CODE_GATE_MODULES: Final = "IVRALO_CODE_GATE_MODULES"
 ENV_CODE_GATE_DENIED_NAMES: Final = "IVRALO_CODE_GATE_DENIED_NAMES"
 ENV_CODE_GATE_DENIED_ATTRIBUTES: Final = "IVRALO_CODE_GATE_DENIED_ATTRIBUTES"

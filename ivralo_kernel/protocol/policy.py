@@ -17,6 +17,7 @@ import ivralo_kernel.protocol.names as names  # the module, not this package (wh
 from ivralo_kernel.protocol.audience import AUDIENCES
 from ivralo_kernel.protocol.code_gate import GateRules
 from ivralo_kernel.protocol.errors import ConfigError
+from ivralo_kernel.protocol.sandbox import devices
 
 GIB = 1 << 30
 
@@ -65,6 +66,8 @@ class KernelPolicy:
     surface: str = names.SURFACE_PROJECT
     # The static code gate's rules, checked on each cell before it runs; None: no gate.
     code_gate: GateRules | None = None
+    # Device paths passed through (GPUs: protocol/sandbox/devices.py), resolved by the host.
+    devices: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.surface not in names.SURFACES:
@@ -98,7 +101,7 @@ class KernelPolicy:
         if not isinstance(data, dict):
             raise ConfigError("policy", "the policy file does not hold an object", "Let the host write it")
         known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
-        for listed in ("credential_stores", "fallback_reads"):
+        for listed in ("credential_stores", "fallback_reads", "devices"):
             if isinstance(known.get(listed), list):
                 known[listed] = tuple(known[listed])
         if isinstance(known.get("code_gate"), dict):
@@ -123,6 +126,12 @@ class KernelPolicy:
             fields["role"] = env[names.ENV_ROLE]
         if env.get(names.ENV_AUDIENCE):
             fields["audience"] = env[names.ENV_AUDIENCE]
+        listed = env.get(names.ENV_DEVICES) or devices.AUTO
+        wanted = [listed] if listed in (devices.AUTO, devices.NONE) else listed.split(",")
+        why = devices.check_setting(wanted)
+        if why is not None:
+            raise ConfigError(names.ENV_DEVICES, why, "Give auto, none, or device paths separated by commas")
+        fields["devices"] = devices.resolve(wanted)[0]
         if env.get(names.ENV_SURFACE):
             fields["surface"] = env[names.ENV_SURFACE]
         if env.get(names.ENV_CODE_GATE, "").lower() in ("1", "on", "true", "yes"):

@@ -49,6 +49,7 @@ from ivralo_kernel.host.settings.workspace_files import DOTENV, PERMISSIONS, Wor
 from ivralo_kernel.host.watch.watchdog import Watchdog
 from ivralo_kernel.protocol import KernelPolicy, database_env_names, names, scrub
 from ivralo_kernel.protocol.credentials import credential_store_paths
+from ivralo_kernel.protocol.sandbox import devices
 from ivralo_kernel.protocol.trust import is_trusted
 
 
@@ -114,6 +115,7 @@ class IvraloProvisioner(KernelWatch, SpareAdoption, LocalProvisioner, IvraloSett
             history_cap_count=self.history_cap_count,
             surface=self.surface,
             code_gate=self.gate_rules(),
+            devices=devices.resolve(self.devices)[0],
         )
 
     async def pre_launch(self, **kwargs: Any) -> dict[str, Any]:
@@ -205,7 +207,7 @@ class IvraloProvisioner(KernelWatch, SpareAdoption, LocalProvisioner, IvraloSett
         self._fallback_launch = (list(kwargs["cmd"]), dict(env))  # if bwrap exits without building it
         self._add_host_note(env, f"OS sandbox built with {self.bwrap_report}")
         launch.bwrap = bwrap
-        sandboxed = self._sandboxed(bwrap, policy.workspace, cmd, env, inner_file, connection_file)
+        sandboxed = self._sandboxed(bwrap, policy, cmd, env, inner_file, connection_file)
         kwargs["cmd"] = launch.in_cgroup(sandboxed)
         if self._sandbox_folder is not None:  # bwrap reads its seccomp filter from this one
             kwargs["pass_fds"] = (*kwargs["pass_fds"], *self._sandbox_folder.rewind_seccomp())
@@ -279,14 +281,20 @@ class IvraloProvisioner(KernelWatch, SpareAdoption, LocalProvisioner, IvraloSett
         return [inner_file if part == connection_file else part for part in cmd], inner_file, connection_file
 
     def _sandboxed(
-        self, bwrap: str, workspace: str, cmd: list[str], env: dict[str, str], inner_file: str, connection_file: str
+        self,
+        bwrap: str,
+        policy: KernelPolicy,
+        cmd: list[str],
+        env: dict[str, str],
+        inner_file: str,
+        connection_file: str,
     ) -> list[str]:
         folder = self._sandbox_folder
         assert folder is not None
         return sandboxed_command(
             bwrap,
             folder,
-            workspace,
+            policy.workspace,
             cmd,
             env,
             read_only_files=tuple(p for p in (inner_file, self.policy_file) if p),
@@ -296,6 +304,7 @@ class IvraloProvisioner(KernelWatch, SpareAdoption, LocalProvisioner, IvraloSett
             exchange_dir=self.exchange_dir or "",
             memory_hard_limit_bytes=self.memory_hard_limit_bytes,
             tmpfs_size_bytes=self.tmpfs_size_bytes,
+            devices=policy.devices,
         )
 
     def ask_person(self, execution: str, prompt: str) -> str | None:

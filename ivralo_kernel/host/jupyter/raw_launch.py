@@ -230,6 +230,7 @@ def _run(
             read_only_files=(inner_file,),
             tool_files=TOOL_FILES_DEFAULT,
             jupyter_runtime_dir=os.path.dirname(connection_file),
+            devices=policy.devices,
         )
     # A memory cgroup where cgroup v2 delegates one (host/sandbox/memory_cgroup.py): this launch has no
     # memory observer, so its limit is the kernel's memory limit, enforced by the Linux kernel on every page.

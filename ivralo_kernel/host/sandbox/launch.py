@@ -154,6 +154,7 @@ def sandboxed_command(
     exchange_dir: str = "",
     memory_hard_limit_bytes: int | None = None,
     tmpfs_size_bytes: int | None = None,
+    devices: tuple[str, ...] = (),
 ) -> list[str]:
     """``cmd`` wrapped in bwrap; ``env`` gains what the kernel needs inside (its way out)."""
     prepare_workspace(workspace)
@@ -186,6 +187,7 @@ def sandboxed_command(
         namespace_limits=limits,
         sized_tmpfs=sandbox_limits.bwrap_sizes_tmpfs(bwrap),
         seccomp_fd=folder.seccomp_fd if folder.seccomp_fd >= 0 else None,
+        devices=devices,
     )
     # Each missing closed path gets its placeholder now, on the host, so that argv mounts it read-only.
     claim = folder.claims.get(workspace) or folder.claims.setdefault(workspace, WorkspaceClaim(workspace))

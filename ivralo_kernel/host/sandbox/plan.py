@@ -157,6 +157,8 @@ class SandboxPlan:
     sized_tmpfs: bool = False  # this bwrap has --size (host/sandbox_limits.bwrap_sizes_tmpfs)
     # A descriptor bwrap reads the seccomp filter from (passed to it by the launch), or None.
     seccomp_fd: int | None = None
+    # Device nodes (GPUs) passed through into the minimal /dev (protocol/sandbox/devices.py).
+    devices: tuple[str, ...] = ()
 
     def hidden(self) -> list[str]:
         """Existing folders whose content the sandbox must not see (empty inside), wherever they
@@ -332,6 +334,9 @@ class SandboxPlan:
         if self.seccomp_fd is not None:  # loaded after the sandbox is built, before the supervisor runs
             a += ["--seccomp", str(self.seccomp_fd)]
         a += ["--dev", "/dev", "--proc", "/proc"]
+        for path in self.devices:  # --dev-bind: a device node works there (--bind would mount it nodev)
+            if os.path.exists(path):
+                a += ["--dev-bind", path, path]
         # No capability inside, for root's sandbox too (everybody else's bwrap keeps none): with
         # CAP_SYS_ADMIN in its user namespace a process could unmount a read-only mount (.git) and
         # write what it covered. Then only what the supervisor needs, which it drops itself.

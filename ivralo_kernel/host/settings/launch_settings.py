@@ -27,6 +27,7 @@ RAW_LAUNCH_ENV = {
     "landlock_network": names.ENV_LANDLOCK_NETWORK,
     "surface": names.ENV_SURFACE,
     "code_gate": names.ENV_CODE_GATE,
+    "devices": names.ENV_DEVICES,
     "code_gate_modules": names.ENV_CODE_GATE_MODULES,
     "code_gate_denied_names": names.ENV_CODE_GATE_DENIED_NAMES,
     "code_gate_denied_attributes": names.ENV_CODE_GATE_DENIED_ATTRIBUTES,

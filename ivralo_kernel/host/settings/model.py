@@ -32,6 +32,7 @@ from ivralo_kernel.protocol.code_gate import (
     GateRules,
 )
 from ivralo_kernel.protocol.credentials import CREDENTIAL_STORES
+from ivralo_kernel.protocol.sandbox import devices
 from ivralo_kernel.protocol.sandbox.closed_names import TOOL_FILES_DEFAULT
 
 GIB = 1 << 30
@@ -81,6 +82,20 @@ class Choice(Enum):  # type: ignore[type-arg]
         if value not in choices:
             raise ConfigError(str(self.name), f"{value!r} is not one of {', '.join(choices)}", "Pick one of them")
         return str(value)
+
+
+class DeviceList(List):  # type: ignore[type-arg]
+    """``auto``, ``none`` (a plain string is taken as a list of one), or a list of /dev paths."""
+
+    def validate(self, obj: Any, value: Any) -> list[str]:
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value) or not value:
+            raise ConfigError(str(self.name), f"{value!r} is not auto, none or a list of paths", "Give one of them")
+        why = devices.check_setting(value)
+        if why is not None:
+            raise ConfigError(str(self.name), why, "Give auto, none, or a list of device paths such as /dev/nvidia0")
+        return list(value)
 
 
 class IvraloSettings(Configurable):  # type: ignore[misc]
@@ -258,6 +273,14 @@ class IvraloSettings(Configurable):  # type: ignore[misc]
         "whether they exist at start or not (a missing one gets an empty folder as a placeholder while a "
         "kernel runs). The defaults and why each is there: docs/workspace-files.md. A name that is a link "
         "is closed at its target.",
+    )
+    devices = DeviceList(
+        Unicode(),
+        [devices.AUTO],
+        config=True,
+        help="Devices the kernel may use besides its null device and terminals (bound into the sandbox, and "
+        "opened past Landlock's write floor). auto: the GPUs present (/dev/nvidia*, /dev/dri, /dev/kfd); "
+        "none: no other device; or a list of paths under /dev. docs/security.md says what a GPU exposes.",
     )
     history_cap_bytes = Count(
         256 * MIB,
