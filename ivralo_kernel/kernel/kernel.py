@@ -38,6 +38,7 @@ from ivralo_kernel.kernel.effects import EffectsRecorder
 from ivralo_kernel.kernel.error_hints import private_tmp_hint
 from ivralo_kernel.kernel.launch_state import STATE
 from ivralo_kernel.kernel.pip_magic import guarded_pip
+from ivralo_kernel.kernel.shell_pip import shell_pip_check
 from ivralo_kernel.protocol import names
 from ivralo_kernel.protocol.errors import SecurityError
 from ivralo_kernel.protocol.messages import BrokerRequest, CallRecord, Effects
@@ -88,6 +89,8 @@ class IvraloKernel(compat.KernelOverrides, IPythonKernel):
         original_pip = self.shell.find_line_magic("pip")
         if original_pip is not None and STATE.workspace:
             self.shell.register_magic_function(guarded_pip(original_pip, STATE.workspace), "line", "pip")
+        if STATE.workspace:  # and !pip, !python -m pip, !uv pip: the same sentence, before they run
+            compat.check_shell_commands(self.shell, shell_pip_check(STATE.workspace))
         surface_magics.register(
             self.shell, {name: getattr(api, name) for name in api.__all__}
         )  # %apropos WORD, %doc NAME
