@@ -2,7 +2,7 @@
 ivralo's environment, and nothing else of it.
 
 ``protocol.bootstrap`` puts the private path (``IVRALO_CODE_PATH``) on ``sys.path`` just long enough
-to import this module, takes it off again, and calls ``install``: a finder at the end of
+to import this module, whose ``install`` takes it off again and adds a finder at the end of
 ``sys.meta_path`` (after the path finder, so the project's own copies win) serves the top-level
 modules named in ``IVRALO_CODE_MODULES`` (ipykernel and what it needs, ivralo_kernel; the host works
 them out, ``host.jupyter.kernel_closure``) from the private path, and ``importlib.metadata`` the
