@@ -185,6 +185,32 @@ def show_traceback(shell: Any, etype: type, value: BaseException, stb: list[str]
     shell._showtraceback(etype, value, stb)
 
 
+def check_shell_commands(shell: Any, check: Callable[[str], None]) -> None:
+    """Call ``check(command)`` before each ``!command`` and ``x = !command`` of ``shell`` runs, on the
+    command as the shell gets it (IPython's ``$name`` and ``{expression}`` expanded).
+    ``ZMQInteractiveShell.system_piped`` (ipykernel 7.4; ``system`` is it) runs a ``!`` line through its
+    module's global ``system``, and ``InteractiveShell.getoutput`` (IPython 9.18) through its module's
+    ``getoutput`` or ``get_output_error_code``; each of those globals is replaced by one that calls
+    ``check`` first (what it raises is the cell's error, and the command does not run).
+
+    If it changes: ``!pip install`` aimed outside the workspace runs, and pip's own read-only-file-system
+    error is all the person sees.
+    """
+    for method, names in (("system_piped", ("system",)), ("getoutput", ("getoutput", "get_output_error_code"))):
+        namespace = getattr(type(shell), method).__globals__
+        for name in names:
+            original = namespace[name]
+            if getattr(original, "_ivralo_checked", False):
+                continue
+
+            def checked(cmd: str, *args: Any, _original: Callable[..., Any] = original, **kwargs: Any) -> Any:
+                check(cmd)
+                return _original(cmd, *args, **kwargs)
+
+            checked._ivralo_checked = True  # type: ignore[attr-defined]
+            namespace[name] = checked
+
+
 # -- kernel side: ipykernel's application -------------------------------------------------------
 class KernelAppOverrides:
     """Mixin for the kernel application (before ``IPKernelApp`` in its bases)."""

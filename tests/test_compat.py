@@ -331,6 +331,25 @@ def test_showtraceback_shows_a_custom_handlers_traceback() -> None:
     )
 
 
+def test_shell_commands_run_through_the_module_globals_compat_checks() -> None:
+    """``!cmd`` and ``x = !cmd`` reach the shell through the globals ``check_shell_commands`` wraps
+    (read from the methods' code: wrapping them here would stay for the rest of the run)."""
+    for owner, method, names in (
+        (ZMQInteractiveShell, "system_piped", {"system"}),
+        (ZMQInteractiveShell, "getoutput", {"getoutput", "get_output_error_code"}),
+    ):
+        found = member(owner, method, compat.check_shell_commands)
+        used = set(found.__code__.co_names)
+        assert names <= used and all(callable(found.__globals__.get(n)) for n in names), changed(
+            f"{owner.__module__}.{owner.__qualname__}.{method}",
+            compat.check_shell_commands,
+            f"it no longer calls its module's {sorted(names)} (it calls {sorted(used)})",
+        )
+    assert ZMQInteractiveShell.system is ZMQInteractiveShell.system_piped, changed(
+        "ipykernel.zmqshell.ZMQInteractiveShell.system", compat.check_shell_commands, "it is not system_piped"
+    )
+
+
 # -- ipykernel's application -----------------------------------------------------------------------
 def test_bind_socket_sees_iopub_before_any_subscriber() -> None:
     entry = compat.KernelAppOverrides._bind_socket

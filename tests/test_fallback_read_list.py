@@ -13,8 +13,10 @@ from pathlib import Path
 import pytest
 
 from ivralo_kernel.guards.landlock import abi
+from ivralo_kernel.protocol import names
 from ivralo_kernel.protocol.sandbox.fallback_reads import (
     closed_reads,
+    interpreter_trees,
     jupyter_runtime_dir,
     read_allow_list,
     split_around,
@@ -104,3 +106,13 @@ def test_without_the_read_floor_the_report_says_what_is_readable() -> None:
         assert "read floor is not in force" in said and landlock in said, said
         assert "read floor is not in force" in fallback_note("no user namespaces", landlock)
     assert "not in force" not in sandbox_layers("no user namespaces", "ABI 7: fs-write, fs-read")["not_stopped"]
+
+
+def test_a_project_kernels_private_path_is_readable(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A project's interpreter imports ivralo's kernel side from the private path, which is off its
+    sys.path (protocol.private_code): its folders are granted all the same (without them such a kernel
+    cannot start in the fallback: its first import of zmq is refused)."""
+    site = tmp_path / "ivralo-env" / "site-packages"
+    monkeypatch.setenv(names.ENV_CODE_PATH, f"{site}{os.pathsep}relative{os.pathsep}")
+    trees = interpreter_trees()
+    assert str(site) in trees and "relative" not in trees

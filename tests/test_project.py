@@ -201,6 +201,8 @@ async def test_a_kernel_in_the_projects_interpreter(tmp_path: Path) -> None:
     python = real_venv(project / ".venv")
     site = next((project / ".venv" / "lib").glob("python3*/site-packages"))
     (site / "projectlib.py").write_text("WHERE = 'project'\n")
+    # A module ipykernel installs too (never imported by the kernel itself): the project's copy wins.
+    (site / "ipykernel_launcher.py").write_text("WHERE = 'project'\n")
     (project / "tests").mkdir()
     (project / "tests" / "test_pure.py").write_text(
         "import json\n\ndef test_ok():\n    assert json.loads('[1]') == [1]\n\n"
@@ -210,9 +212,17 @@ async def test_a_kernel_in_the_projects_interpreter(tmp_path: Path) -> None:
     (project / "tests" / "test_needs_numpy.py").write_text("import numpy\n\ndef test_np():\n    assert numpy\n")
     set_trust(str(project), True, os.environ)
     async with Session(project=project, surface="project") as s:
-        code = "import sys, projectlib, ipykernel\nprint(sys.executable)\nprint(projectlib.WHERE)\nprint(sys.path.index"
-        code += "(projectlib.__file__.rsplit('/', 1)[0]) < sys.path.index(ipykernel.__file__.rsplit('/', 2)[0]))"
-        assert await s.run(code) == f"{python}\nproject\nTrue\n"
+        code = "import sys, projectlib, ipykernel, ipykernel_launcher\nprint(sys.executable)\n"
+        code += "print(projectlib.WHERE, ipykernel_launcher.WHERE, ipykernel.__file__.startswith(sys.prefix))"
+        assert await s.run(code) == f"{python}\nproject project False\n"
+        # Nothing else of ivralo's environment (requests and jupyterlab are in it, not in the project),
+        # as under `uv run`: neither its modules nor its distributions' metadata.
+        for module in ("requests", "jupyterlab"):
+            leaked = await s.run(f"import {module}")
+            assert isinstance(leaked, dict) and f"No module named '{module}'" in leaked["error"], leaked
+        code = "import importlib.metadata as _md\nprint(sorted({d.metadata['Name'] for d in _md.distributions()}"
+        code += " & {'ipykernel', 'ivralo-kernel', 'requests', 'jupyterlab'}), _md.version('traitlets') > '5')\ndel _md"
+        assert await s.run(code) == "['ipykernel', 'ivralo-kernel'] True\n"
         section = s.kernel_info["ivralo"]
         assert section["interpreter"]["python"] == str(python)
         choice = f"{python} (Python {'.'.join(map(str, sys.version_info[:3]))}; uv project (.venv, uv 0.4.0); "
@@ -234,7 +244,8 @@ async def test_a_kernel_in_the_projects_interpreter(tmp_path: Path) -> None:
         project_run = await s.run_tests("tests/test_pure.py", runner="project")
         assert project_run["status"] == "error"
         assert project_run["error"].endswith(f"Install it there: uv pip install --python {python} pytest")
-        assert await s.list_vars() == ["ipykernel", "projectlib", "sys"]  # the runs left it as it was
+        # The runs left it as it was.
+        assert await s.list_vars() == ["ipykernel", "ipykernel_launcher", "projectlib", "sys"]
 
 
 async def test_project_runner_runs_pytest(workspace: Path) -> None:

@@ -162,7 +162,9 @@ def test_a_dotenv_in_another_users_private_folder_does_not_stop_the_start(worksp
     assert "theirs/.env: Permission denied" in leaked, leaked
 
 
-def test_the_hosts_process_environments_are_out_of_reach(sandboxed: BlockingKernelClient, workspace: Path) -> None:
+def test_the_hosts_process_environments_and_tmp_files_are_out_of_reach(
+    sandboxed: BlockingKernelClient, workspace: Path
+) -> None:
     holder = subprocess.Popen(["sleep", "300"], env=dict(os.environ, ACME_API_KEY=SECRET))
     try:
         sh(
@@ -174,6 +176,31 @@ def test_the_hosts_process_environments_are_out_of_reach(sandboxed: BlockingKern
         holder.kill()
         holder.wait()
     assert SECRET not in (workspace / "leaked.txt").read_text(errors="replace")
+    # The kernel's /tmp, /var/tmp and /run are its own: a person's file in the host's /tmp is a
+    # FileNotFoundError that says so and how to share a file; a file missing in the workspace is not.
+    host_file = Path("/tmp") / f"ivralo-host-{uuid.uuid4().hex}.csv"  # the host's /tmp itself
+    host_file.write_text("a,b\n1,2\n")
+    try:
+        said = {}
+        for path in (str(host_file), "/var/tmp/ivralo-nothing-here", "/run/ivralo-nothing-here", "missing.csv"):
+            error = next(m for m in execute(sandboxed, f"open({path!r})").outputs if m["msg_type"] == "error")
+            assert error["content"]["ename"] == "FileNotFoundError", error
+            said[path] = error["content"]["traceback"][-1]
+        assert host_file.exists()  # the host's file is there, outside
+    finally:
+        host_file.unlink()
+    for path, folder in (
+        (str(host_file), "/tmp"),
+        ("/var/tmp/ivralo-nothing-here", "/var/tmp"),
+        ("/run/ivralo-nothing-here", "/run"),
+    ):
+        assert said[path] == (
+            f"ivralo: {path} is not there because this kernel's {folder} is its own: the sandbox gives the kernel "
+            "empty /tmp, /var/tmp and /run folders, so files in the host's are not visible in it (and what the "
+            f"kernel writes there goes with it). To share a file with the kernel, put it in the workspace "
+            f"({workspace.resolve()}) and open it from there."
+        )
+    assert "ivralo:" not in said["missing.csv"] and "missing.csv" in said["missing.csv"]
 
 
 def test_no_unix_socket_of_the_machine_is_reachable(sandboxed: BlockingKernelClient) -> None:

@@ -35,8 +35,10 @@ from ivralo_kernel.kernel.broker_client import BROKER, HOST_CONNECT_TIMEOUT_S
 from ivralo_kernel.kernel.cell_checks import install_cell_checks, make_hermetic
 from ivralo_kernel.kernel.deadline import DeadlineNotices, InKernelWatchdog, SupervisorBackstop, interrupt_cell
 from ivralo_kernel.kernel.effects import EffectsRecorder
+from ivralo_kernel.kernel.error_hints import private_tmp_hint
 from ivralo_kernel.kernel.launch_state import STATE
 from ivralo_kernel.kernel.pip_magic import guarded_pip
+from ivralo_kernel.kernel.shell_pip import shell_pip_check
 from ivralo_kernel.protocol import names
 from ivralo_kernel.protocol.errors import SecurityError
 from ivralo_kernel.protocol.messages import BrokerRequest, CallRecord, Effects
@@ -87,6 +89,8 @@ class IvraloKernel(compat.KernelOverrides, IPythonKernel):
         original_pip = self.shell.find_line_magic("pip")
         if original_pip is not None and STATE.workspace:
             self.shell.register_magic_function(guarded_pip(original_pip, STATE.workspace), "line", "pip")
+        if STATE.workspace:  # and !pip, !python -m pip, !uv pip: the same sentence, before they run
+            compat.check_shell_commands(self.shell, shell_pip_check(STATE.workspace))
         surface_magics.register(
             self.shell, {name: getattr(api, name) for name in api.__all__}
         )  # %apropos WORD, %doc NAME
@@ -360,8 +364,9 @@ def _without_guard_frames(tb: Any) -> Any:
 
 def _show_exception(shell: Any, etype: type, value: BaseException, tb: Any, tb_offset: int | None = None) -> list[str]:
     """IPython's custom-exception hook: the deadline message for its KeyboardInterrupt; a guard's
-    refusal without the guard's frames; a cell refused before it ran as its one sentence; anything else
-    as usual."""
+    refusal without the guard's frames; a cell refused before it ran as its one sentence; a file looked
+    for in the sandbox's own /tmp with the sentence that says so (``error_hints``); anything else as
+    usual."""
     kernel = shell.kernel
     if issubclass(etype, KeyboardInterrupt):
         msg_id = kernel._executing if isinstance(kernel, IvraloKernel) else None
@@ -377,6 +382,10 @@ def _show_exception(shell: Any, etype: type, value: BaseException, tb: Any, tb_o
     else:
         tb = _without_guard_frames(tb)
     stb_: list[str] = shell.InteractiveTB.structured_traceback(etype, value, tb, tb_offset=tb_offset)
+    sandboxed = str(STATE.layers.get("sandbox", "")).startswith(names.SANDBOX_BWRAP)
+    hint = private_tmp_hint(value, STATE.workspace, sandboxed)
+    if hint is not None:
+        stb_ = [*stb_, hint]
     compat.show_traceback(shell, etype, value, stb_)
     return stb_
 

@@ -49,6 +49,16 @@ def _inside(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
 
 
+def outside_workspace(what: str, target: str, workspace: str, instead: str) -> str:
+    """The sentence for an install (``%pip install``, ``!pip install``, ...) that would write outside the
+    workspace; ``instead``: the command to run from a terminal."""
+    return (
+        f"{what} would write to {target}, outside the workspace {workspace} where code in this kernel may "
+        f"write, so run it from a terminal instead ({instead}), or make the project's own .venv inside the "
+        f"workspace and run the kernel from it."
+    )
+
+
 def guarded_pip(original: Callable[[str], Any], workspace: str) -> Callable[[str], Any]:
     def pip(line: str) -> Any:
         try:
@@ -59,11 +69,8 @@ def guarded_pip(original: Callable[[str], Any], workspace: str) -> Callable[[str
         if command in CHANGES_THE_ENVIRONMENT:
             target = pip_target(args)
             if not _inside(target, workspace):
-                raise UsageError(
-                    f"%pip {command} would write to {target}, outside the workspace {workspace} where code in "
-                    f"this kernel may write, so run it from a terminal instead ({sys.executable} -m pip {line}), "
-                    f"or make the project's own .venv inside the workspace and run the kernel from it."
-                )
+                instead = f"{sys.executable} -m pip {line}"
+                raise UsageError(outside_workspace(f"%pip {command}", target, workspace, instead))
         return original(line)
 
     pip.__doc__ = getattr(original, "__doc__", None)

@@ -34,8 +34,12 @@ ENV_LANDLOCK_NETWORK: Final = "IVRALO_LANDLOCK_NETWORK"  # "on": the TCP connect
 ENV_TMPDIR: Final = "IVRALO_TMPDIR"  # the kernel's private temp folder, made and removed by the supervisor
 ENV_INTERRUPT_GRACE_MS: Final = "IVRALO_INTERRUPT_GRACE_MS"
 ENV_SURFACE: Final = "IVRALO_SURFACE"  # "project" or "hermetic"
-# A project's interpreter without ivralo: ivralo's own packages, appended to sys.path (protocol.bootstrap).
+# A project's interpreter without ivralo: the folders of ivralo's own packages (protocol.bootstrap).
 ENV_CODE_PATH: Final = "IVRALO_CODE_PATH"
+# What of the private path the kernel imports (protocol.private_code), comma-separated: its top-level
+# modules and its distributions (host.jupyter.kernel_closure: ipykernel, what it needs, ivralo_kernel).
+ENV_CODE_MODULES: Final = "IVRALO_CODE_MODULES"
+ENV_CODE_DISTS: Final = "IVRALO_CODE_DISTS"
 # Which interpreter the kernel runs and why ("uv project (.venv, uv 0.4.0)"): kernel_info reports it.
 ENV_INTERPRETER: Final = "IVRALO_INTERPRETER"
 # The static code gate for a raw launch: "on", and its lists comma-separated (unset: the defaults).

@@ -12,7 +12,8 @@ The interpreter is then checked: its Python version, and whether it has ``ivralo
 ``ipykernel`` and ``pytest``. A venv's are read from its files, never by running it on the host (code
 in the kernel can write a venv in the workspace); ``python3`` on PATH is asked (one short process).
 One without ivralo (or ipykernel) still runs the kernel,
-with ivralo's own packages on a private path after its site-packages (``protocol.bootstrap``), as long
+with ivralo's kernel side (ivralo_kernel, ipykernel and what it needs: ``kernel_closure``, nothing else of
+ivralo's environment) on a private path after its site-packages (``protocol.bootstrap``), as long
 as it is the same Python minor as ivralo's: compiled packages (pyzmq, psutil) are built for one.
 Otherwise the error names what is missing and the command that installs it.
 """
@@ -184,7 +185,12 @@ class KernelLaunch:
         """What the kernel's environment needs for this interpreter (the kernelspec's env)."""
         env = {names.ENV_INTERPRETER: self.description}
         if self.private_path:
+            from ivralo_kernel.host.jupyter.kernel_closure import kernel_closure
+
+            closure = kernel_closure()
             env[names.ENV_CODE_PATH] = os.pathsep.join(self.private_path)
+            env[names.ENV_CODE_MODULES] = ",".join(closure.modules)
+            env[names.ENV_CODE_DISTS] = ",".join(closure.distributions)
         return env
 
     def install_command(self, package: str) -> str:

@@ -20,6 +20,8 @@ from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 from typing import Final
 
+from ivralo_kernel.protocol import names
+
 # The default list, and why each entry is on it (docs/security.md's table is this one).
 SYSTEM_TREES: Final = MappingProxyType(
     {
@@ -52,6 +54,8 @@ def interpreter_trees() -> list[str]:
     packages to source folders that are not on sys.path, ivralo's own among them)."""
     trees = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix]
     trees += [p for p in sys.path if p and os.path.isabs(p)]
+    # A project's interpreter: ivralo's kernel side comes from the private path, off sys.path.
+    trees += [p for p in os.environ.get(names.ENV_CODE_PATH, "").split(os.pathsep) if os.path.isabs(p)]
     for name, module in list(sys.modules.items()):
         mapping = getattr(module, "MAPPING", None) if name.startswith("__editable__") else None
         if isinstance(mapping, dict):
