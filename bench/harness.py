@@ -67,6 +67,7 @@ MODULES: tuple[tuple[str, str], ...] = (
     ("gateway", "through a Kernel Gateway vs local"),
     ("warm_notebook", "JupyterLab's new notebook, warm spare"),
     ("mcp_overhead", "run_python over MCP stdio vs Session.run"),
+    ("restart_cost", "restart through KernelManager"),
 )
 # Per child: a smoke module takes seconds; a hung one must not hold CI.
 CHILD_TIMEOUT_S = {"smoke": 150.0, "full": 420.0}
