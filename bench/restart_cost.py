@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from startup_latency import IVRALO, PLAIN, Bench, await_reply, pairs, shutdown  # noqa: E402
+from startup_latency import IVRALO, PLAIN, Bench, await_reply, pairs, shutdown
 
 if TYPE_CHECKING:
     from harness_api import Context, Metric
@@ -50,4 +50,5 @@ def harness(ctx: Context) -> list[Metric]:
         for kind in order:
             samples[kind] += restart_ms(bench, kind, each)
         ctx.log(f"round {index + 1}/{rounds}: ivralo {samples[IVRALO][-1]:.0f} ms, plain {samples[PLAIN][-1]:.0f} ms")
-    return [Metric("restart", "KernelManager.restart_kernel to ready", "ms", samples[IVRALO], samples[PLAIN], plot=LATENCY)]
+    restart = "KernelManager.restart_kernel to ready"
+    return [Metric("restart", restart, "ms", samples[IVRALO], samples[PLAIN], plot=LATENCY)]
