@@ -172,6 +172,50 @@ async def test_a_forged_question_does_not_stop_the_deadline(workspace: Path) -> 
         await manager.shutdown_kernel(now=True)
 
 
+# Messages no Jupyter message is, each signed with the session's key (which the kernel holds):
+# too few parts, a header that is not an object, a status without an id; and unsigned garbage.
+# Published from the cell on the kernel's own IOPub socket, before a loop that never ends.
+PUBLISHES_MALFORMED = """
+kernel = get_ipython().kernel
+signed = lambda *parts: [b"<IDS|MSG>", kernel.session.sign(list(parts)), *parts]
+for frames in (
+    signed(b'{"msg_type": "status"}'),
+    signed(b"[1]", b"{}", b"{}", b"{}"),
+    signed(b'{"msg_type": "status"}', b"{}", b"{}", b'{"execution_state": "idle"}'),
+    [b"<IDS|MSG>", b"x"],
+    [b"no delimiter"],
+):
+    kernel.iopub_socket.send_multipart(frames)
+while True:
+    pass
+"""
+
+
+async def test_malformed_iopub_messages_do_not_stop_the_watchdog(workspace: Path) -> None:
+    """Code in the kernel can publish anything on IOPub; the host's watchdog, which reads it, goes
+    on: the loop after it is still stopped at its deadline (without the watchdog, never)."""
+    from ivralo_kernel.host.jupyter.manager import IvraloKernelManager
+
+    manager = IvraloKernelManager.for_settings(
+        python=sys.executable, sandbox="off", deadline_ms=DEADLINE_MS, interrupt_grace_ms=GRACE_MS
+    )
+    await manager.start_kernel(cwd=str(workspace))
+    client = manager.client()
+    client.start_channels()
+    try:
+        await client.wait_for_ready(timeout=60)
+        msg_id = client.execute(PUBLISHES_MALFORMED)  # the reply on shell: IOPub's garbage is every client's
+        deadline = time.monotonic() + 30
+        while True:
+            reply = await client.get_shell_msg(timeout=max(0.1, deadline - time.monotonic()))
+            if reply["parent_header"].get("msg_id") == msg_id:
+                break
+        assert reply["content"]["status"] == "error", reply["content"]
+    finally:
+        client.stop_channels()
+        await manager.shutdown_kernel(now=True)
+
+
 # A short sleep first lets the kernel's IOPub thread publish "busy" before native code takes the
 # GIL, so the host watchdog sees the execution and its escalation path can be asserted.
 NATIVE_AFTER_START = "import time\ntime.sleep(0.2)\nsum(range(10**11))"

@@ -9,6 +9,7 @@ poll at once (a brokered call's answer must not wait for the next poll timeout).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import queue
 import threading
@@ -26,9 +27,14 @@ OnReply = Callable[[dict[str, Any]], None]
 
 
 class KernelChannels:
-    def __init__(self, connection_info: dict[str, Any]) -> None:
+    def __init__(self, connection_info: dict[str, Any], iopub_types: frozenset[str] | None = None) -> None:
+        """``iopub_types``: the IOPub messages the handler is given (None: all). Others are dropped
+        after their header alone is read: a cell's 1 MB of output is neither verified nor parsed here,
+        where nothing reads it (the kernel holds the key anyway: a signature proves nothing of it)."""
         key = connection_info["key"]
         self._info = connection_info
+        self.iopub_types = iopub_types
+        self.iopub_seen = False  # any IOPub message arrived: our subscription is in place
         self.session = JupyterSession(
             key=key.encode() if isinstance(key, str) else key,
             signature_scheme=connection_info.get("signature_scheme", "hmac-sha256"),
@@ -84,7 +90,7 @@ class KernelChannels:
         assert self.iopub is not None and self.control is not None
         events = dict(self._poller.poll(max(0, int(timeout_s * 1000))))
         if self.iopub in events:
-            self._drain(self.iopub, on_iopub)
+            self._drain(self.iopub, on_iopub, self.iopub_types)
         if self.control in events:
             self._drain(self.control, lambda msg: self._dispatch_control(msg, on_control))
         if self._wake_r in events:
@@ -108,7 +114,10 @@ class KernelChannels:
         other control messages meanwhile go where they always go."""
         assert self.control is not None
         while (left := until - time.monotonic()) > 0 and self.control.poll(max(1, int(left * 1000))):
-            _, reply = self.session.recv(self.control, mode=zmq.NOBLOCK, content=True)
+            try:
+                _, reply = self.session.recv(self.control, mode=zmq.NOBLOCK, content=True)
+            except (ValueError, KeyError, TypeError):  # what the kernel sent is no message: not the reply
+                continue
             if reply is None:
                 continue
             if (reply.get("parent_header") or {}).get("msg_id") == msg_id:
@@ -128,14 +137,25 @@ class KernelChannels:
         waiter(msg)
         return True
 
-    def _drain(self, socket: zmq.Socket[Any], handle: OnReply) -> None:
+    def _drain(self, socket: zmq.Socket[Any], handle: OnReply, types: frozenset[str] | None = None) -> None:
         while True:
             try:
-                _, msg = self.session.recv(socket, mode=zmq.NOBLOCK, content=True)
-            except (ValueError, KeyError):  # unsigned or malformed: not from the kernel we watch
-                continue
-            if msg is None:
+                frames = socket.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
                 return
+            if socket is self.iopub:
+                self.iopub_seen = True
+            try:
+                _, parts = self.session.feed_identities(frames, copy=False)
+                header = parts[1]
+                raw = header.bytes if isinstance(header, zmq.Frame) else header
+                if types is not None and json.loads(raw).get("msg_type") not in types:
+                    continue
+                msg = self.session.deserialize(parts, content=True, copy=False)
+            except (ValueError, KeyError, IndexError, AttributeError, TypeError):
+                # Unsigned, malformed, too short: code in the kernel can publish anything on IOPub,
+                # and none of it may stop the watchdog (its deadlines would stop with it).
+                continue
             handle(msg)
 
     # -- any thread -------------------------------------------------------------------------

@@ -108,7 +108,8 @@ class Watchdog:
         self._turn = turn
         self._started = clock()
         self._on_idle = on_idle  # an execution ended (the history recorder's cue)
-        self.channels = KernelChannels(connection_info)
+        # The watchdog acts on executions' status and the broker's comm messages alone.
+        self.channels = KernelChannels(connection_info, iopub_types=frozenset({"status", "comm_msg"}))
         self.observer = Observer(root_pid, settings.stall_window_ms, clock, exchange_dir=settings.exchange_dir)
         self.running: OrderedDict[str, dict[str, Any]] = OrderedDict()  # msg_id -> request header
         self._requesters: dict[str, tuple[bytes, ...]] = {}
@@ -201,6 +202,8 @@ class Watchdog:
                 now = self._clock()
                 wakeups = self.deadlines.wakeups(now) if self.deadlines is not None else []
                 channels.wait(min([next_sample, now + 0.1, *wakeups]) - now, self._on_iopub, self._on_control)
+                if channels.iopub_seen:  # an output of any kind: our subscription is in place
+                    self.observer.ready = True
                 if self.broker is not None:
                     self.broker.say_hello(channels, subscribed=self.observer.ready)
                 now = self._clock()
