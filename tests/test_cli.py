@@ -142,7 +142,14 @@ def test_timeout_is_the_same_deadline_for_a_py_file_and_says_it_is_deprecated(
 
 
 def test_jupyter_console(tmp_path: Path) -> None:
-    with jupyter_console("ivralo", tmp_path, first_cell=False) as child:
+    """Its first line says what the scrub kept out: a token is a credential, tmux's socket is not."""
+    session = {"TMUX": "/tmp/tmux-0/default,1,0", "TMUX_PANE": "%1", "GITHUB_PAT": "ghp-console-marker"}
+    with jupyter_console("ivralo", tmp_path, first_cell=False, env=session) as child:
+        first = child.before.splitlines()[0]
+        assert first.endswith(
+            "ivralo: kept out of the kernel: 1 credential variable (GITHUB_PAT) and 2 session sockets (TMUX, TMUX_PANE)"
+        ), first
+        assert "ghp-console-marker" not in child.before
         child.sendline("print(6 * 7)")
         child.expect("42")
         child.expect(r"In \[2\]: ")
