@@ -325,8 +325,10 @@ def doctor(as_json: bool, settings: tuple[str, ...] = (), project: str | None = 
 
 
 def _summary(report: dict[str, Any], strict: bool) -> str:
-    gaps = ", ".join(terminal_safe(str(name)) for name in report.get("gaps", []))
-    not_on = ", ".join(terminal_safe(str(name)) for name in report.get("not_on", []))
+    """The last line: whether every layer on by default holds, and which are not fully on."""
+    judged = verdict(report["checks"])
+    gaps = ", ".join(terminal_safe(str(name)) for name in judged["gaps"])
+    not_on = ", ".join(terminal_safe(str(name)) for name in judged["not_on"])
     if gaps:
         return f"ivralo-kernel doctor: a layer on by default does not hold here: {gaps} (exit 1; see its next step)"
     if strict and not_on:
