@@ -14,16 +14,18 @@ JUPYTER = Path(sys.executable).parent / "jupyter"
 
 
 @contextlib.contextmanager
-def jupyter_console(kernel_name: str, cwd: Path, first_cell: bool = True) -> Iterator[pexpect.spawn]:
+def jupyter_console(
+    kernel_name: str, cwd: Path, first_cell: bool = True, env: dict[str, str] | None = None
+) -> Iterator[pexpect.spawn]:
     """A console at its first prompt (``first_cell``: at its second, after ``1 + 1``, as a person
     starts: jupyter console ends its wait for a cell's input requests at any "idle" of its own
     session, and one left over from its start-up requests can come first). A timeout fails with the
-    screen so far; the console is closed afterwards."""
+    screen so far; the console is closed afterwards. ``env``: variables added to the console's."""
     child = pexpect.spawn(
         str(JUPYTER),
         ["console", "--kernel", kernel_name, "--simple-prompt"],
         cwd=str(cwd),
-        env=dict(os.environ, TERM="dumb"),
+        env=dict(os.environ, **(env or {}), TERM="dumb"),
         encoding="utf-8",
         timeout=60,
     )

@@ -51,11 +51,15 @@ def deadline_kill() -> list[str]:
 
 def egress_question() -> list[str]:
     from ivralo_kernel.guards.network import hosts_tried_line
-    from ivralo_kernel.host.sandbox.egress import cell_question
+    from ivralo_kernel.host.sandbox.egress import ALWAYS_NEEDS_TRUST, cell_question
     from ivralo_kernel.host.sandbox.person_question import prompt_text
+    from ivralo_kernel.protocol.network.egress import UNTIL_RESTART, outcome_text
 
-    asked = prompt_text(cell_question("localhost", 1).replace("port 1", "port " + VARIES), ["yes", "no"]).rstrip()
-    return _fragments(asked, hosts_tried_line({"localhost": "allowed (yes this time)"}))
+    # The lab's folder is not trusted: the question says what offers "always" (the path varies).
+    question = cell_question("localhost", 1).replace("port 1", "port " + VARIES)
+    question += ALWAYS_NEEDS_TRUST.format(path=VARIES)
+    asked = prompt_text(question, ["yes", "no"]).rstrip()
+    return _fragments(asked, hosts_tried_line({"localhost": outcome_text(True, UNTIL_RESTART)}))
 
 
 def record_line() -> list[str]:

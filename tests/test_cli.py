@@ -142,7 +142,14 @@ def test_timeout_is_the_same_deadline_for_a_py_file_and_says_it_is_deprecated(
 
 
 def test_jupyter_console(tmp_path: Path) -> None:
-    with jupyter_console("ivralo", tmp_path, first_cell=False) as child:
+    """Its first line says what the scrub kept out: a token is a credential, tmux's socket is not."""
+    session = {"TMUX": "/tmp/tmux-0/default,1,0", "TMUX_PANE": "%1", "GITHUB_PAT": "ghp-console-marker"}
+    with jupyter_console("ivralo", tmp_path, first_cell=False, env=session) as child:
+        first = child.before.splitlines()[0]
+        assert first.endswith(
+            "ivralo: kept out of the kernel: 1 credential variable (GITHUB_PAT) and 2 session sockets (TMUX, TMUX_PANE)"
+        ), first
+        assert "ghp-console-marker" not in child.before
         child.sendline("print(6 * 7)")
         child.expect("42")
         child.expect(r"In \[2\]: ")
@@ -151,6 +158,47 @@ def test_jupyter_console(tmp_path: Path) -> None:
         child.sendline("exit")
         child.expect(pexpect.EOF)
     assert child.exitstatus == 0
+
+
+@pytest.mark.timeout(90)
+def test_doctor_exits_0_when_the_default_layers_hold_and_strict_fails_for_layers_that_are_off(tmp_path: Path) -> None:
+    """The real command, as a CI check runs it: a layer off by default (the TCP connect floor) reads
+    "off (default)" with how to turn it on and is no failure; ``--strict`` fails for it; a default layer
+    turned off (the OS sandbox) is a gap: exit 1. The three doctors run at once (one kernel each)."""
+    doctor = [sys.executable, "-m", "ivralo_kernel", "doctor"]
+    runs = {
+        "plain": doctor,
+        "strict": [*doctor, "--strict", "--json"],
+        "gap": [*doctor, "--json", "--IvraloSettings.sandbox=off"],
+    }
+    started = {
+        name: subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for name, argv in runs.items()
+    }
+    done: dict[str, tuple[int, str, str]] = {}
+    try:
+        for name, process in started.items():
+            out, err = process.communicate(timeout=80)
+            done[name] = (process.returncode, out, err)
+    finally:
+        for process in started.values():
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    code, out, err = done["plain"]
+    assert code == 0, (out, err[-2000:])
+    (floor,) = [line for line in out.splitlines() if "TCP connect floor" in line and line.startswith("  [")]
+    assert floor.startswith("  [off ] TCP connect floor      off (default): "), floor
+    assert "next step: Turn it on with landlock_network=True" in out, out
+    assert out.rstrip().splitlines()[-1].startswith("ivralo-kernel doctor: every layer on by default holds here"), out
+    code, out, err = done["strict"]
+    report = json.loads(out)
+    assert code == 1 and report["ok"] and report["gaps"] == [] and "TCP connect floor" in report["not_on"], report
+    (check,) = [c for c in report["checks"] if c["mechanism"] == "TCP connect floor"]
+    assert check["status"] == "off" and "landlock_network=True" in check["next_step"], check
+    code, out, err = done["gap"]
+    report = json.loads(out)
+    assert code == 1 and not report["ok"] and report["gaps"] == ["OS sandbox"], (report["gaps"], err[-2000:])
 
 
 def test_doctor_reports_each_mechanism(

@@ -238,9 +238,10 @@ async def test_native_code_ignoring_sigint_is_killed_and_names_are_lost(workspac
             f"REPL worker terminated (timeout: execution exceeded deadline_ms={DEADLINE_MS}; observer: "
         )
         assert error.endswith(
-            "ALL variables in this session were lost: daemon, subprocess, x, y. "
-            "You must recreate any state you need before retrying."
+            "ALL variables in this session were lost: daemon, subprocess, x, y. The names the stopped call "
+            "assigns may also be lost: time. You must recreate any state you need before retrying."
         )
+        assert result["result"] == "", "the message is said once, in error"
         assert "rss=" in error and "state=" in error
         assert elapsed <= BOUND_S + SLACK_S, elapsed
         path = list(watchdog.escalations.values())[-1].path  # type: ignore[union-attr]
@@ -273,12 +274,19 @@ async def test_gil_holding_cells_are_still_answered_within_the_bound(workspace: 
 
 
 async def test_without_interrupt_before_kill_the_deadline_kills_at_once(workspace: Path) -> None:
+    """The loss is said once, in ``error``; ``result`` keeps what the call printed before it; the
+    names the killed call assigns (from its code) are named as "may also be lost"."""
     config = WorkerConfig(deadline_ms=DEADLINE_MS, interrupt_before_kill=False, observer_poll_ms=100)
     async with Session(workspace=workspace, config=config) as session:
         await session.run("kept = 1")
-        elapsed, result = await timed(session, "import time\ntime.sleep(60)")
+        code = "print('before the loss', flush=True)\nfound = 2\nimport time\ntime.sleep(60)\ndef later(): pass"
+        elapsed, result = await timed(session, code)
         assert isinstance(result, dict) and "timeout: execution exceeded" in result["error"]
-        assert "were lost: kept. You must" in result["error"], "names of the last successful call"
+        assert (
+            "were lost: kept. The names the stopped call assigns may also be lost: found, later, time. You must"
+            in (result["error"])
+        ), "names of the last successful call, then the killed call's own"
+        assert result["result"] == "before the loss\n", result
         assert elapsed <= DEADLINE_MS / 1000 + 0.25 + SLACK_S
 
 
@@ -301,9 +309,10 @@ async def test_esc_stops_at_once_and_lists_the_lost_names(workspace: Path) -> No
         assert time.monotonic() - start < 1.0 + SLACK_S, "Esc does not wait for a grace period"
         expected = (
             "REPL worker terminated (interrupted: stopped at once by the user). ALL variables in this "
-            "session were lost: a, b. You must recreate any state you need before retrying."
+            "session were lost: a, b. The names the stopped call assigns may also be lost: pathlib, time. "
+            "You must recreate any state you need before retrying."
         )
-        assert answer == result == {"status": "error", "result": expected, "error": expected}
+        assert answer == result == {"status": "error", "result": "", "error": expected}
         assert await session.run("print('a' in dir())") == "False\n"
 
 

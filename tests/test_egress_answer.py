@@ -29,9 +29,17 @@ from test_prewarm import pool, spec  # noqa: F401 - a warm-pool kernelspec and a
 
 from ivralo_kernel.host.agent.outputs import CellOutput
 from ivralo_kernel.host.jupyter import prewarm
+from ivralo_kernel.host.sandbox.egress import untrusted_note
 from ivralo_kernel.protocol.trust import set_trust
 
 QUESTION = "Code in this cell wants to reach localhost, this machine, port {port}. Allow? [{choices}] "
+
+
+def untrusted_question(port: int, workspace: Path) -> str:
+    """The question in a folder that is not trusted: yes/no, and what offers "always" there."""
+    note = untrusted_note(os.path.realpath(workspace))
+    return QUESTION.format(port=port, choices="yes/no").replace(". Allow?", note + ". Allow?")
+
 
 # Every object in the cell's process that could show the question or carry an answer says
 # "always"; every answer it can send, it sends; then Python and `sh -c curl` try the person's port.
@@ -73,7 +81,8 @@ def forge_everything():
             except Exception as error:
                 forged.append(type(error).__name__)
 
-BROKER.ask = lambda *args, **kwargs: {{"allowed": True, "reason": "always (hosts.allow)", "choice": "always"}}
+ALWAYS = "always: recorded in .ivralo/permissions.json"
+BROKER.ask = lambda *args, **kwargs: {{"allowed": True, "reason": ALWAYS, "choice": "always"}}
 egress_judge.egress_judge = lambda workspace: (lambda host, port: (True, "forged"))
 results = {{}}
 
@@ -223,7 +232,7 @@ def test_a_person_who_says_yes_gets_through_and_nothing_is_written(workspace: Pa
         client.stop_channels()
         manager.shutdown_kernel(now=True)
     assert hits == ["/yes"], stdout
-    assert prompts == [QUESTION.format(port=port, choices="yes/no")]
+    assert prompts == [untrusted_question(port, workspace)]
     assert granted(workspace) is None
 
 
@@ -354,7 +363,7 @@ def test_a_notebook_served_by_a_warm_spare_is_asked_on_its_own_relay(
     finally:
         second.shutdown_kernel(now=True)
         first.shutdown_kernel(now=True)
-    assert prompts == [QUESTION.format(port=port, choices="yes/no")], stdout
+    assert prompts == [untrusted_question(port, workspace)], stdout
     assert hits == ["/spare"], stdout
 
 

@@ -10,12 +10,13 @@ questions the host asked.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 from sandbox_cases import counting_http
 
-from ivralo_kernel.host.sandbox.egress import AGENT_QUESTION, cell_question, grant_key
+from ivralo_kernel.host.sandbox.egress import AGENT_QUESTION, cell_question, grant_key, untrusted_note
 from ivralo_kernel.protocol.network.egress import is_loopback, load_egress_policy
 from ivralo_kernel.protocol.network.egress_names import (
     LINK_LOCAL,
@@ -181,7 +182,8 @@ def test_the_desk_asks_each_spelling_as_this_machine(tmp_path: Path, spelling: s
     assert desk.decide(spelling.strip("[]"), 5432, None, None, lambda _on: None) == (False, "the person said no")
     meant = "0.0.0.0" if spelling == "0.0.0.0" else "127.0.0.1"
     written = "" if spelling == "0.0.0.0" else f", written as {spelling.strip('[]')}"
-    assert asked == [f"Code in run_python wants to reach {meant}, this machine{written}, port 5432"]
+    note = untrusted_note(str(tmp_path))  # the folder is not trusted: what offers "always"
+    assert asked == [f"Code in run_python wants to reach {meant}, this machine{written}, port 5432{note}"]
 
 
 FETCH = "import urllib.request\nprint(urllib.request.urlopen('http://{host}:{port}/{path}', timeout=30).status)"
@@ -216,9 +218,10 @@ async def test_no_spelling_of_loopback_gets_through_without_a_yes(workspace: Pat
     if answer is None:
         assert asked == []
     else:  # once per place and port: 0.0.0.0, then 127.0.0.1 (every other spelling is the same place)
+        note = untrusted_note(os.path.realpath(workspace))
         assert asked == [
-            f"Code in run_python wants to reach 0.0.0.0, this machine, port {port}",
-            f"Code in run_python wants to reach 127.0.0.1, this machine, written as 0177.0.0.1, port {port}",
+            f"Code in run_python wants to reach 0.0.0.0, this machine, port {port}{note}",
+            f"Code in run_python wants to reach 127.0.0.1, this machine, written as 0177.0.0.1, port {port}{note}",
         ]
 
 
@@ -240,9 +243,10 @@ async def test_a_yes_reaches_what_was_asked_about_and_nothing_else(workspace: Pa
             elsewhere = await session.run(FETCH.format(host="2130706433", port=other, path="other-port"))
     assert hits == ["/yes", "/same-place"], (first, again)
     assert other_hits == [], elsewhere
+    note = untrusted_note(os.path.realpath(workspace))
     assert asked == [
-        f"Code in run_python wants to reach 127.0.0.1, this machine, written as 2130706433, port {port}",
-        f"Code in run_python wants to reach 127.0.0.1, this machine, written as 2130706433, port {other}",
+        f"Code in run_python wants to reach 127.0.0.1, this machine, written as 2130706433, port {port}{note}",
+        f"Code in run_python wants to reach 127.0.0.1, this machine, written as 2130706433, port {other}{note}",
     ]
 
 

@@ -7,6 +7,7 @@ marker kernel B would write, and the report's prompts (what the client itself go
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from container import command
 from sandbox_cases import counting_http
 
 from ivralo_kernel.guards import landlock
+from ivralo_kernel.host.sandbox.egress import untrusted_note
 
 pytestmark = [
     pytest.mark.timeout(400),
@@ -54,7 +56,8 @@ def test_in_a_container_the_fallback_reaches_the_network_only_through_the_proxy_
         assert got == [], text  # nobody to ask in a raw launch: refused through the proxy too
     else:
         prompts = report["asked"]["prompts"]
-        question = f"Code in this cell wants to reach localhost, this machine, port {port}. Allow? [yes/no] "
+        note = untrusted_note(os.path.realpath(tmp_path / "a"))  # kernel A's folder, not trusted
+        question = f"Code in this cell wants to reach localhost, this machine, port {port}{note}. Allow? [yes/no] "
         assert prompts == [question], text
         assert got == ["/yes"], text  # exactly one hit: the proxied request after the person's yes
     tried = report["into_b"]

@@ -21,7 +21,7 @@ from jupyter_client.blocking.client import BlockingKernelClient
 from jupyter_client.manager import KernelManager
 from kernel_helpers import execute
 from sandbox_cases import counting_http, sh
-from test_egress_answer import QUESTION, as_a_person
+from test_egress_answer import as_a_person, untrusted_question
 from test_vscode_launch import raw_launch, tree_of
 
 from ivralo_kernel.guards import landlock
@@ -98,7 +98,7 @@ def test_the_person_is_asked_on_the_relay_and_the_proxy_is_the_only_way(
     with counting_http() as (port, hits):
         prompts, stdout = as_a_person(fallback, PROXIED.format(port=port), lambda _p, _s: typed)
         got = sorted(hits)
-    assert prompts == [QUESTION.format(port=port, choices="yes/no")], stdout
+    assert prompts == [untrusted_question(port, workspace)], stdout
     assert got == (["/python", "/sh"] if typed == "yes" else []), stdout
     assert not (workspace / ".ivralo" / "permissions.json").exists()
 
@@ -141,7 +141,7 @@ def test_a_raw_launch_without_the_sandbox_debugs_a_cell(workspace: Path, tmp_pat
 
 @pytest.mark.parametrize("decoy", [True, False], ids=["a-kernels-port", "control"])
 def test_another_kernels_channel_is_never_reached_through_the_proxy_even_after_a_yes(
-    fallback: BlockingKernelClient, decoy: bool
+    fallback: BlockingKernelClient, workspace: Path, decoy: bool
 ) -> None:
     """A kernel that read another's connection file (the runtime folder is readable outside the
     sandbox) could reach its TCP ports through the proxy after a person's yes, and run code there
@@ -161,6 +161,6 @@ def test_another_kernels_channel_is_never_reached_through_the_proxy_even_after_a
             other.unlink(missing_ok=True)
         got = list(hits)
     assert got == ([] if decoy else ["/other"]), stdout
-    assert prompts == [QUESTION.format(port=port, choices="yes/no")], stdout  # the person did say yes
+    assert prompts == [untrusted_question(port, workspace)], stdout  # the person did say yes
     if decoy:
         assert "it is a Jupyter kernel's channel on this machine" in stdout, stdout

@@ -22,6 +22,7 @@ from servers import kernel_gateway
 from test_broker import KEY, KEY_NAME, Endpoint, endpoint  # noqa: F401 - the loopback API endpoint fixture
 
 from ivralo_kernel.host import Session, WorkerConfig
+from ivralo_kernel.host.sandbox.egress import untrusted_note
 from ivralo_kernel.host.watch.processes import find_in_tree, host_pid
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
@@ -194,7 +195,7 @@ async def test_a_gateway_that_is_not_there_says_so_and_what_to_check() -> None:
 
 @pytest.mark.parametrize("answer", ["yes", "no"])
 async def test_the_agents_ask_answers_the_gateway_hosts_question(
-    gateway: tuple[str, int], tmp_path: Path, answer: str
+    gateway: tuple[str, int], gateway_home: Path, tmp_path: Path, answer: str
 ) -> None:
     """Behind a gateway the host that asks is the gateway's provisioner, on its relay's stdin: the
     question reaches the agent's ``ask`` over the websocket, and its answer counts (judged by the
@@ -211,5 +212,8 @@ async def test_the_agents_ask_answers_the_gateway_hosts_question(
         async with Session(tmp_path, ask=ask, gateway_url=url_of(gateway)) as session:
             code = f"import urllib.request\nprint(urllib.request.urlopen('http://localhost:{port}/gw').status)"
             result = await session.run(code)
-    assert asked == [(f"Code in this cell wants to reach localhost, this machine, port {port}", ("yes", "no"))], result
+    # The gateway's kernels' folder is not trusted: the question says what offers "always".
+    note = untrusted_note(os.path.realpath(gateway_home / "workspace"))
+    question = f"Code in this cell wants to reach localhost, this machine, port {port}{note}"
+    assert asked == [(question, ("yes", "no"))], result
     assert hits == (["/gw"] if answer == "yes" else []), result

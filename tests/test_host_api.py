@@ -254,3 +254,23 @@ def test_the_old_raw_launch_module_runs_the_new_one() -> None:
     (target,) = [c.args[0].value for c in calls if getattr(c.func, "attr", "") == "run_module"]
     assert target == protocol.names.RAW_LAUNCH_MODULE == "ivralo_kernel.host.jupyter.raw_launch"
     assert callable(importlib.import_module(target).main)
+
+
+def test_the_names_a_killed_call_assigns_are_read_from_its_code() -> None:
+    """What the loss message names as "may also be lost": the names the code binds in the namespace
+    (not a function's, class's or comprehension's own locals, not ``_`` names); none for a magic."""
+    from ivralo_kernel.host.agent.outputs import assigned_names, lost_names_message
+
+    code = (
+        "import os.path, numpy as np\nfrom json import dumps as d\nx, (y, *w) = 1, (2, 3)\nfor i in []: pass\n"
+        "with open('f') as fh: pass\ntry: pass\nexcept OSError as e: pass\ndef f(a=(q := 1)):\n    local = 2\n"
+        "class C:\n    attr = 1\n[k for k in range(3) if (n := k)]\n_hidden = 1\nv: int = 2\nu += 1\n"
+        "if True:\n    inner = 3\nobj.attr = 4\nitems[0] = 5\nmatch 1:\n    case [m, *r]: pass\n    case {**rest}: pass"
+    )
+    assert assigned_names(code) == [
+        "C", "d", "e", "f", "fh", "i", "inner", "m", "n", "np", "os", "q", "r", "rest", "u", "v", "w", "x", "y",
+    ]  # fmt: skip
+    assert assigned_names("%pip install six") == [] and assigned_names("print(1)") == []
+    message = lost_names_message("crash: x", ["a", "x"], ["x", "z"])
+    assert "were lost: a, x. The names the stopped call assigns may also be lost: z. You must" in message, message
+    assert "may also be lost" not in lost_names_message("crash: x", ["a"], ["a"])

@@ -21,6 +21,7 @@ import showcase_shots
 from servers import jupyter_server, person_http_server
 
 from ivralo_kernel.cli.install import install
+from ivralo_kernel.host.sandbox.egress import untrusted_note
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 playwright = pytest.importorskip("playwright.sync_api")
@@ -235,15 +236,17 @@ def test_the_person_is_asked_about_an_unknown_host(page: Any, lab: dict[str, Any
             page, f"import urllib.request\nprint(urllib.request.urlopen('http://localhost:{port}/').status)"
         )
         stdin = cells.nth(0).locator(".jp-Stdin")
+        note = untrusted_note(os.path.realpath(lab["nbdir"]))  # the notebooks' folder is not trusted
         expect(stdin).to_contain_text(
-            f"Code in this cell wants to reach localhost, this machine, port {port}. Allow? [yes/no]", timeout=30_000
+            f"Code in this cell wants to reach localhost, this machine, port {port}{note}. Allow? [yes/no]",
+            timeout=30_000,
         )
         page.wait_for_timeout(DEADLINE_MS + 1000)  # the person reads the question: longer than the deadline
         stdin.locator("input").fill("yes")
         stdin.locator("input").press("Enter")
         output = cells.nth(0).locator(".jp-OutputArea")
         expect(output).to_contain_text("200", timeout=30_000)
-        expect(output).to_contain_text("[ivralo network: localhost allowed (yes this time)]", timeout=30_000)
+        expect(output).to_contain_text("[ivralo network: localhost allowed until this kernel restarts]", timeout=30_000)
         expect(output).not_to_contain_text("interrupted")
         shoot(page, "egress-question.png", cells.nth(0))
         assert hits == ["/"], "the person's yes reached the server once, with nothing allowed before"
@@ -280,8 +283,10 @@ def test_the_person_says_no_to_a_subprocess(page: Any, lab: dict[str, Any]) -> N
         cells = page.locator(".jp-Notebook .jp-Cell")
         run_in_last_cell(page, f"!curl -sS http://localhost:{port}/from-curl")
         stdin = cells.nth(0).locator(".jp-Stdin")
+        note = untrusted_note(os.path.realpath(lab["nbdir"]))  # the notebooks' folder is not trusted
         expect(stdin).to_contain_text(
-            f"Code in this cell wants to reach localhost, this machine, port {port}. Allow? [yes/no]", timeout=30_000
+            f"Code in this cell wants to reach localhost, this machine, port {port}{note}. Allow? [yes/no]",
+            timeout=30_000,
         )
         stdin.locator("input").fill("no")
         stdin.locator("input").press("Enter")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import pytest
 from servers import loopback_http
 
 from ivralo_kernel.host import Session, WorkerConfig
+from ivralo_kernel.host.sandbox.egress import untrusted_note
 from ivralo_kernel.protocol.trust import set_trust
 
 
@@ -95,8 +97,9 @@ async def test_asked_yes_once_lasts_the_worker(workspace: Path, server: int) -> 
         first = await session.run(code)
         second = await session.run(code)
     question = f"Code in run_python wants to reach localhost, this machine, port {server}"
+    question += untrusted_note(os.path.realpath(workspace))  # "always" is offered once the folder is trusted
     assert asked == [(question, ("yes", "no"))], "asked once, no 'always' offer"
-    assert isinstance(first, str) and first.endswith("[ivralo network: localhost allowed (yes this time)]\n")
+    assert isinstance(first, str) and first.endswith("[ivralo network: localhost allowed until this kernel restarts]\n")
     assert isinstance(second, str) and second.startswith("200\n")
     assert not (workspace / ".ivralo" / "permissions.json").exists()
 
@@ -112,7 +115,7 @@ async def test_asked_always_is_written_in_a_trusted_folder(workspace: Path, serv
     async with Session(workspace=workspace, ask=ask, config=NO_TCP_FLOOR) as session:
         result = await session.run(CLIENTS["urllib"].format(host="localhost", port=server))
     assert choices_seen == [("yes", "always", "no")]
-    assert isinstance(result, str) and "localhost allowed (always (hosts.allow))" in result
+    assert isinstance(result, str) and "localhost allowed (always: recorded in .ivralo/permissions.json)" in result
     saved = json.loads((workspace / ".ivralo" / "permissions.json").read_text())
     assert saved == {"hosts": {"allow": [f"localhost:{server}"]}}, "on this machine: that port alone"
 

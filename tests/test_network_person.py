@@ -10,6 +10,7 @@ from __future__ import annotations
 import http.server
 import json
 import os
+import re
 import sys
 import threading
 from collections.abc import Iterator
@@ -26,6 +27,7 @@ from nbclient import NotebookClient
 from servers import person_http_server
 
 from ivralo_kernel.cli.install import install
+from ivralo_kernel.host.sandbox.egress import untrusted_note
 from ivralo_kernel.protocol.trust import set_trust
 
 BIN = Path(sys.executable).parent
@@ -83,9 +85,9 @@ def test_the_person_answers_yes_and_the_deadline_waits(workspace: Path, port: in
     try:
         seen = run_answering(km, fetch(port), ["yes"], wait_s=3.0)
         question = f"Code in this cell wants to reach localhost, this machine, port {port}"
-        assert seen["prompts"] == [f"{question}. Allow? [yes/no] "]
+        assert seen["prompts"] == [f"{question}{untrusted_note(os.path.realpath(workspace))}. Allow? [yes/no] "]
         assert seen["errors"] == []
-        assert seen["stdout"] == "200\n[ivralo network: localhost allowed (yes this time)]\n"
+        assert seen["stdout"] == "200\n[ivralo network: localhost allowed until this kernel restarts]\n"
         again = run_answering(km, fetch(port), [])  # for the rest of this worker's life
         assert again["prompts"] == [] and again["stdout"].startswith("200\n")
     finally:
@@ -101,9 +103,10 @@ def test_always_is_offered_and_recorded_only_in_a_trusted_folder(workspace: Path
     finally:
         km.shutdown_kernel(now=True)
     question = f"Code in this cell wants to reach localhost, this machine, port {port}"
+    untrusted = question + untrusted_note(os.path.realpath(workspace))  # says what offers "always"
     assert seen["prompts"] == [
-        f"{question}. Allow? [yes/no] ",
-        f"Please answer yes or no. {question}. Allow? ",
+        f"{untrusted}. Allow? [yes/no] ",
+        f"Please answer yes or no. {untrusted}. Allow? ",
     ]
     assert seen["stdout"] == "[ivralo network: localhost refused (the person said no)]\n"
     assert seen["errors"] and "localhost refused (the person said no)" in seen["errors"][0]
@@ -117,7 +120,7 @@ def test_always_is_offered_and_recorded_only_in_a_trusted_folder(workspace: Path
     finally:
         km.shutdown_kernel(now=True)
     assert seen["prompts"] == [f"{question}. Allow? [yes/always/no] "]
-    assert seen["stdout"] == "200\n[ivralo network: localhost allowed (always (hosts.allow))]\n"
+    assert seen["stdout"] == "200\n[ivralo network: localhost allowed (always: recorded in .ivralo/permissions.json)]\n"
     allowed = json.loads((workspace / ".ivralo" / "permissions.json").read_text())["hosts"]["allow"]
     assert allowed == [f"localhost:{port}"], "on this machine: that port alone"
 
@@ -139,10 +142,12 @@ def test_nobody_to_ask_in_nbclient(workspace: Path, port: int) -> None:
 def test_jupyter_console_asks_at_its_prompt(workspace: Path, port: int) -> None:
     with jupyter_console("ivralo", workspace) as child:
         child.sendline(f"import urllib.request; print(urllib.request.urlopen('http://localhost:{port}/').status)")
-        child.expect(rf"Code in this cell wants to reach localhost, this machine, port {port}\. Allow\? \[yes/no\] ")
+        note = re.escape(untrusted_note(os.path.realpath(workspace)))
+        asked = rf"Code in this cell wants to reach localhost, this machine, port {port}{note}\. Allow\? \[yes/no\] "
+        child.expect(asked)
         child.sendline("yes")
         child.expect("200")
-        child.expect(r"\[ivralo network: localhost allowed \(yes this time\)\]")
+        child.expect(r"\[ivralo network: localhost allowed until this kernel restarts\]")
         child.expect(r"In \[3\]: ")
         child.sendline("exit")
         child.expect(pexpect.EOF)

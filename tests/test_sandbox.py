@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import stat
 import subprocess
@@ -35,6 +36,8 @@ from sandbox_cases import (
     unix_servers,
 )
 from servers import person_http_server
+
+from ivralo_kernel.host.sandbox.egress import untrusted_note
 
 
 @pytest.fixture
@@ -313,9 +316,10 @@ async def test_a_person_s_answer_through_session_counts_at_once(workspace: Path,
     if answer == "yes":
         assert hits == ["/from-python", "/from-subprocess"], (first, second)
         assert isinstance(first, str) and first.startswith("hello from the host"), first
-        assert "[ivralo network: localhost allowed (yes this time)]" in first
+        assert "[ivralo network: localhost allowed until this kernel restarts]" in first
         assert isinstance(second, str) and second.startswith("200"), second
-        assert asked == [f"Code in run_python wants to reach localhost, this machine, port {port}"], "asked once"
+        note = untrusted_note(os.path.realpath(workspace))
+        assert asked == [f"Code in run_python wants to reach localhost, this machine, port {port}{note}"], "asked once"
     else:
         assert hits == [], (first, second)
         assert isinstance(first, dict) and "403" in first["error"] and "the person said no" in first["error"]
@@ -329,7 +333,9 @@ def test_jupyter_console_asks_for_a_subprocess_too(workspace: Path, answer: str)
 
     with counting_http() as (port, hits), jupyter_console(SANDBOXED_KERNEL, workspace) as child:
         child.sendline(f"!curl -sS http://localhost:{port}/from-curl")
-        child.expect(rf"Code in this cell wants to reach localhost, this machine, port {port}\. Allow\? \[yes/no\] ")
+        note = re.escape(untrusted_note(os.path.realpath(workspace)))
+        asked = rf"Code in this cell wants to reach localhost, this machine, port {port}{note}\. Allow\? \[yes/no\] "
+        child.expect(asked)
         child.sendline(answer)
         child.expect("hello from the host" if answer == "yes" else "the person said no")
         child.expect(r"In \[3\]: ")
@@ -461,6 +467,7 @@ def test_pip_download_from_a_local_index_is_asked_about(workspace: Path, tmp_pat
         httpd.shutdown()
         httpd.server_close()
     assert isinstance(result, str) and result.startswith("0 "), result
-    assert asked == [f"Code in run_python wants to reach localhost, this machine, port {port}"], asked
+    note = untrusted_note(os.path.realpath(workspace))
+    assert asked == [f"Code in run_python wants to reach localhost, this machine, port {port}{note}"], asked
     assert "/simple/ivralo-tiny/" in hits and f"/{wheel.name}" in hits, hits
     assert (workspace / "wheels" / wheel.name).read_bytes() == wheel.read_bytes()

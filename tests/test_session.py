@@ -48,9 +48,10 @@ async def test_crash_reports_lost_names_and_recovers(workspace: Path) -> None:
         error = result["error"]
         assert error.startswith("REPL worker terminated (crash: the kernel exited with status 9; observer: ")
         assert error.endswith(
-            "ALL variables in this session were lost: alpha, beta. "
-            "You must recreate any state you need before retrying."
+            "ALL variables in this session were lost: alpha, beta. The names the stopped call assigns may "
+            "also be lost: os. You must recreate any state you need before retrying."
         )
+        assert result["result"] == "", "said once: in error"
         assert await session.run("print('alpha' in dir())") == "False\n", "a fresh worker, empty namespace"
 
 

@@ -119,6 +119,7 @@ def test_doctor_prints_a_hostile_report_escaped(
         "ok": False,
         "kernel": {"pid": evil, "bootstrap_ms": evil, "interpreter": {"choice": evil}},
         "spares": {"detail": evil},
+        "devices": evil,
         "checks": [{"mechanism": evil, "status": "missing", "detail": evil, "next_step": evil}],
     }
 
@@ -129,7 +130,7 @@ def test_doctor_prints_a_hostile_report_escaped(
     assert doctor_cli.doctor(as_json=False) == 1
     out = capsys.readouterr().out
     assert not RAW_CONTROL.search(out.encode()), out
-    assert out.count("x\\x1b]0;owned\\x07\\x1b[2J\\n\\u202e") == 7, out
+    assert out.count("x\\x1b]0;owned\\x07\\x1b[2J\\n\\u202e") == 9, out  # the last line names the gap too
     monkeypatch.setattr(doctor_cli, "_probe", lambda *a, **k: probe(()))
     report.clear()
     report.update({"ok": False, "error": evil, "checks": []})

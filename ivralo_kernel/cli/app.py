@@ -108,7 +108,7 @@ def _chosen(settings: tuple[str, ...], flags: dict[str, Any]) -> dict[str, Any]:
 def _doctor(args: argparse.Namespace) -> int:
     from ivralo_kernel.cli.doctor import doctor
 
-    return doctor(args.json, tuple(args.settings), project=args.project)
+    return doctor(args.json, tuple(args.settings), project=args.project, strict=args.strict)
 
 
 def _config(args: argparse.Namespace) -> int:
@@ -203,6 +203,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="machine-readable report")
     p.add_argument(
         "--project", metavar="PATH", help="start the kernel in this project's interpreter, as a Session would"
+    )
+    p.add_argument(
+        "--strict",
+        action="store_true",
+        help="exit 1 also while a layer is off (off by default, such as the TCP connect floor) or only partly "
+        "in force (default: exit 1 only for a gap in a layer that is on by default)",
     )
     p.set_defaults(func=_doctor)
 

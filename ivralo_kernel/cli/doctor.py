@@ -34,22 +34,28 @@ TCP_FLOOR_GAPS = (
 )
 
 
-def _tcp_floor_row(layers: dict[str, Any]) -> tuple[str, bool, str, str]:
+def _tcp_floor_row(layers: dict[str, Any]) -> tuple[str, bool | None, str, str]:
+    """The TCP connect floor: off by default (``None``: a layer that is off, not a gap)."""
     floor = str(layers.get("tcp_connect_floor", "unknown"))
     in_force = floor.startswith("ports") or floor == "no TCP connect"
     reach = "the ports of the hosts in hosts.allow (80 and 443 for a host listed without a port)"
     if "(egress proxy)" in floor:  # the fallback's: the way out is the host's proxy
         reach = "the host's egress proxy and the kernel's own links (with landlock_network, also " + reach + ")"
+    if floor.startswith("off"):
+        detail = (
+            "off (default): Python code's connections are judged by the network guard (and, in the sandbox, "
+            "by the host's egress proxy); the OS does not limit the TCP ports the kernel's tree connects to"
+        )
+        fix = (
+            "Turn it on with landlock_network=True (WorkerConfig, the provisioner trait, or "
+            "--IvraloSettings.landlock_network=True): any process of the kernel's tree may then connect only "
+            f"to {reach}. It is off by default because a port list also refuses the kernel's own loopback "
+            "links (the debugger, a forked child's output, a local cluster)."
+        )
+        return "TCP connect floor", None, detail, fix
     detail = f"{floor}: any process of the kernel's tree (curl, pip, ctypes) may open TCP connections only to {reach}. "
     detail += TCP_FLOOR_GAPS
-    if floor.startswith("off"):
-        fix = (
-            "Off by default: a port list also refuses the kernel's own loopback links (the debugger, a forked "
-            "child's output, a local cluster). Subprocesses and native code may connect anywhere; only Python "
-            "code is judged. Turn it on with landlock_network=True (WorkerConfig or the provisioner trait) "
-            "where those links are not needed."
-        )
-    elif floor.startswith("unavailable"):
+    if floor.startswith("unavailable"):
         fix = (
             "Use Linux >= 6.7 (Landlock ABI 4); until then only the Python-level guard judges connections, "
             "and a subprocess or ctypes call reaches any host."
@@ -79,10 +85,12 @@ def _sandbox_row(layers: dict[str, Any]) -> tuple[str, bool, str, str]:
 
 
 def _checks(info: dict[str, Any]) -> list[dict[str, str]]:
+    """One row per layer: ok, missing (a layer on by default that does not hold here) or off (a layer
+    that is off by default: its next step says how to turn it on)."""
     layers: dict[str, Any] = info.get("layers", {})
     landlock = str(layers.get("landlock", "unknown"))
     limit = layers.get("memory_limit_bytes")
-    rows = [
+    rows: list[tuple[str, bool | None, str, str]] = [
         _sandbox_row(layers),
         (
             "memory cap",
@@ -141,8 +149,9 @@ def _checks(info: dict[str, Any]) -> list[dict[str, str]]:
             "The same as for seccomp: the filter that closes them is a seccomp filter.",
         ),
     ]
+    status = {True: "ok", False: "missing", None: "off"}
     return [
-        {"mechanism": name, "status": "ok" if ok else "missing", "detail": detail, "next_step": "" if ok else fix}
+        {"mechanism": name, "status": status[ok], "detail": detail, "next_step": "" if ok else fix}
         for name, ok, detail, fix in rows
     ]
 
@@ -208,7 +217,7 @@ async def _probe(settings: tuple[str, ...], project: str | None = None) -> dict[
         return {"ok": False, "error": result["error"], "checks": []}
     checks = [*_checks(info), _cgroup_check(memory)]
     checks += [_scrub_check(os.getcwd(), info.get("layers", {})), _broker_check(os.getcwd())]
-    report = {"ok": all(c["status"] in ("ok", "partial") for c in checks), "kernel": info, "checks": checks}
+    report: dict[str, Any] = {"kernel": info, "checks": checks, **verdict(checks)}
     report["container"] = _container_note()
     return {**report, "spares": _spares_note(idle_rss), "devices": _devices_note(config.devices)}
 
@@ -221,6 +230,15 @@ def _devices_note(setting: list[str]) -> str:
     found = ", ".join(passed) or "none present"
     text = f"{found} (auto: {', '.join(devices.GPU_PATTERNS)})" if setting == [devices.AUTO] else found
     return text + (f"; not on this machine: {', '.join(missing)}" if missing else "")
+
+
+def verdict(checks: list[dict[str, str]]) -> dict[str, Any]:
+    """``ok``: every layer on by default holds here (doctor's exit 0). ``gaps``: the layers on by default
+    that do not; ``not_on``: the layers that are off (off by default) or only partly in force, which
+    ``--strict`` fails for too."""
+    gaps = [c["mechanism"] for c in checks if c["status"] not in ("ok", "partial", "off")]
+    not_on = [c["mechanism"] for c in checks if c["status"] in ("partial", "off")]
+    return {"ok": not gaps, "gaps": gaps, "not_on": not_on}
 
 
 def _cgroup_check(report: str) -> dict[str, str]:
@@ -274,11 +292,14 @@ def _spares_note(idle_rss: int | None) -> dict[str, Any]:
     return {"spares": count, "kernelspecs": specs, "idle_rss_bytes": idle_rss, "detail": text}
 
 
-def doctor(as_json: bool, settings: tuple[str, ...] = (), project: str | None = None) -> int:
+def doctor(as_json: bool, settings: tuple[str, ...] = (), project: str | None = None, strict: bool = False) -> int:
+    """Exit 0 when every layer on by default holds here; 1 for a gap in one (or no kernel at all);
+    with ``strict``, 1 also while a layer is off or only partly in force."""
     report = asyncio.run(_probe(settings, project))
+    failed = not report["ok"] or (strict and bool(report.get("not_on")))
     if as_json:
-        print(json.dumps(report, indent=1))
-        return 0 if report["ok"] else 1
+        print(json.dumps({**report, "strict": strict}, indent=1))
+        return 1 if failed else 0
     if "error" in report:
         print(f"ivralo-kernel doctor: no kernel could be started here:\n{terminal_safe(report['error'], True)}")
         return 1
@@ -295,8 +316,22 @@ def doctor(as_json: bool, settings: tuple[str, ...] = (), project: str | None = 
         where = report["container"]
         print(f"  container: {where['runtime']} ({where['signal']}); full sandbox with: {where['settings']}")
     for check in report["checks"]:
-        mark = {"ok": "ok  ", "partial": "part"}.get(check["status"], "MISS")
+        mark = {"ok": "ok  ", "partial": "part", "off": "off "}.get(check["status"], "MISS")
         print(f"  [{mark}] {safe(str(check['mechanism'])):22} {safe(str(check['detail']))}")
         if check["next_step"]:
             print(f"         next step: {safe(str(check['next_step']))}")
-    return 0 if report["ok"] else 1
+    print(_summary(report, strict))
+    return 1 if failed else 0
+
+
+def _summary(report: dict[str, Any], strict: bool) -> str:
+    """The last line: whether every layer on by default holds, and which are not fully on."""
+    judged = verdict(report["checks"])
+    gaps = ", ".join(terminal_safe(str(name)) for name in judged["gaps"])
+    not_on = ", ".join(terminal_safe(str(name)) for name in judged["not_on"])
+    if gaps:
+        return f"ivralo-kernel doctor: a layer on by default does not hold here: {gaps} (exit 1; see its next step)"
+    if strict and not_on:
+        return f"ivralo-kernel doctor: every layer on by default holds; --strict: not fully on here: {not_on} (exit 1)"
+    tail = f"; not fully on here (--strict fails for these): {not_on}" if not_on else ""
+    return f"ivralo-kernel doctor: every layer on by default holds here{tail}"

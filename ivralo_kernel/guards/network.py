@@ -9,7 +9,7 @@ the way they already know how to. The judge (who asks the host) is injected by t
 Not covered: ctypes, subprocesses (the Landlock TCP floor is the answer there), UDP beyond sendto.
 
 The TCP floor (Landlock, see ``landlock.py``) is fixed when the kernel starts and cannot widen, while
-this guard may allow a host later ("yes this time"). A TCP connect the guard allows to a port outside
+this guard may allow a host later (a "yes", until the kernel restarts). A TCP connect the guard allows to a port outside
 the floor would fail with a bare EACCES from the OS; it is refused here first, with a sentence that
 says why and what to change. TCP ``sendto`` (TCP Fast Open) and MPTCP sockets get the same check:
 Landlock itself misses them, so for Python code this guard is the only place that keeps the limit.
@@ -27,7 +27,7 @@ from typing import Any
 
 from ivralo_kernel.guards.local_links import LocalLinks
 from ivralo_kernel.protocol import audience
-from ivralo_kernel.protocol.network.egress import PORTS_OF_A_HOST_WITHOUT_PORT, is_loopback
+from ivralo_kernel.protocol.network.egress import PORTS_OF_A_HOST_WITHOUT_PORT, is_loopback, outcome_text
 
 Judge = Callable[[str, "int | None"], "tuple[bool, str]"]
 _own = threading.local()
@@ -144,7 +144,7 @@ class NetworkGuard:
             if decision[0] and not _is_ip(host):
                 self._learn_addresses(host, port)
         allowed, reason = decision
-        self._note(host, port, f"{'allowed' if allowed else 'refused'} ({reason})")
+        self._note(host, port, outcome_text(allowed, reason))
         if not allowed:
             raise socket.gaierror(
                 socket.EAI_NONAME,
@@ -177,7 +177,7 @@ class NetworkGuard:
 
     def note_proxied(self, host: str, port: int | None, allowed: bool, reason: str) -> None:
         """What the host's egress proxy decided for this execution (a subprocess's request too)."""
-        self._note(host, port, f"{'allowed' if allowed else 'refused'} ({reason})")
+        self._note(host, port, outcome_text(allowed, reason))
 
     @property
     def attempts(self) -> dict[str, str]:

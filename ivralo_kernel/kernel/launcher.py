@@ -150,7 +150,7 @@ def _fallback_proxy_port() -> int | None:
 
 def _tcp_floor_report(ports: tuple[int, ...] | None, result: LandlockResult) -> str:
     if ports is None:
-        return "off (the default; landlock_network turns it on)"
+        return "off (default; landlock_network=True turns it on)"
     if "tcp-connect" not in result.handled:
         return f"unavailable: Landlock ABI {result.abi}; the TCP floor needs ABI 4 (Linux >= 6.7)"
     if not ports:

@@ -42,6 +42,9 @@ SESSION_VARIABLES = frozenset(
     {"SSH_AUTH_SOCK", "GPG_AGENT_INFO", "DBUS_SESSION_BUS_ADDRESS", "TMUX", "TMUX_PANE", "DOCKER_HOST", "KRB5CCNAME"}
 )
 SESSION_PREFIXES = ("VSCODE_IPC_HOOK",)
+# The session variables that lead to a socket (an agent, a multiplexer, a bus, a daemon): called session
+# sockets, not credentials. KRB5CCNAME names a ticket cache: a credential.
+SESSION_SOCKETS = SESSION_VARIABLES - {"KRB5CCNAME"}
 NEVER_SECRET = frozenset({"PWD", "OLDPWD"})
 RULE_FILE = "environment.json"
 # Credential stores: absent in the sandbox, refused by the read guard without it (the broker holds
@@ -179,6 +182,27 @@ def scrub(
     if rule.remove or rule.keep:
         kept[names.ENV_SCRUB_RULE] = rule.to_env()  # the next scrub, maybe where the file is hidden
     return kept, sorted(removed)
+
+
+def is_session_socket(name: str) -> bool:
+    """Whether ``name`` is one of the variables that lead to the person's session (an agent's or a
+    terminal multiplexer's socket, a bus): kept out like credentials, but not a secret, and named so."""
+    upper = name.upper()
+    return upper in SESSION_SOCKETS or upper.startswith(SESSION_PREFIXES)
+
+
+def kept_out_line(removed: Iterable[str]) -> str:
+    """What the scrub kept out of a kernel, by name only: "kept out of the kernel: 1 credential variable
+    (GITHUB_PAT) and 2 session sockets (TMUX, TMUX_PANE)"."""
+    removed = list(removed)
+    sockets = [name for name in removed if is_session_socket(name)]
+    secrets = [name for name in removed if not is_session_socket(name)]
+    parts = []
+    if secrets:
+        parts.append(f"{len(secrets)} credential variable{'s' if len(secrets) != 1 else ''} ({', '.join(secrets)})")
+    if sockets:
+        parts.append(f"{len(sockets)} session socket{'s' if len(sockets) != 1 else ''} ({', '.join(sockets)})")
+    return "kept out of the kernel: " + (" and ".join(parts) or "nothing")
 
 
 def config_home(env: Mapping[str, str]) -> Path:

@@ -4,6 +4,7 @@ saved outputs) and the tests."""
 
 from __future__ import annotations
 
+import ast
 import re
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -138,9 +139,83 @@ def error_result(result: str, error: str, status: str = "error") -> dict[str, st
     return {"status": status, "result": result, "error": error}
 
 
-def lost_names_message(cause: str, lost: list[str]) -> str:
+def lost_names_message(cause: str, lost: list[str], also: list[str] | tuple[str, ...] = ()) -> str:
+    """The loss, said once (``Session``'s ``error``): why, the names the session had, and ``also``:
+    the names the killed call itself assigns (from its code), which it may have set before the end."""
     names = ", ".join(lost) if lost else "(none were defined)"
+    assigned = [name for name in also if name not in lost]
+    may_also = f"The names the stopped call assigns may also be lost: {', '.join(assigned)}. " if assigned else ""
     return (
-        f"REPL worker terminated ({cause}). ALL variables in this session were lost: {names}. "
+        f"REPL worker terminated ({cause}). ALL variables in this session were lost: {names}. {may_also}"
         "You must recreate any state you need before retrying."
     )
+
+
+def assigned_names(code: str) -> list[str]:
+    """The names ``code`` binds in the session's namespace (assignments, imports, ``def``/``class``,
+    ``for``/``with``/``except``/``match`` targets, a walrus; not the locals of a function, class or
+    comprehension), sorted; names starting with ``_`` left out, as the session's own list leaves them
+    out. Code that is not Python (a magic) has none."""
+    try:
+        tree = ast.parse(code)
+    except (SyntaxError, ValueError):
+        return []
+    binder = _TopLevelNames()
+    binder.visit(tree)
+    return sorted(name for name in binder.found if not name.startswith("_"))
+
+
+class _TopLevelNames(ast.NodeVisitor):
+    def __init__(self) -> None:
+        self.found: set[str] = set()
+
+    def visit_Name(self, node: ast.Name) -> None:
+        if isinstance(node.ctx, ast.Store):
+            self.found.add(node.id)
+
+    def _definition(self, node: ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) -> None:
+        self.found.add(node.name)  # its body's names are its own; what runs at top level is visited
+        outer: list[ast.AST] = [*node.decorator_list]
+        if isinstance(node, ast.ClassDef):
+            outer += [*node.bases, *(keyword.value for keyword in node.keywords)]
+        else:
+            outer += [*node.args.defaults, *(d for d in node.args.kw_defaults if d is not None)]
+        for part in outer:
+            self.visit(part)
+
+    visit_FunctionDef = visit_AsyncFunctionDef = visit_ClassDef = _definition
+
+    def visit_Lambda(self, node: ast.Lambda) -> None:
+        for part in (*node.args.defaults, *(d for d in node.args.kw_defaults if d is not None)):
+            self.visit(part)
+
+    def _comprehension(self, node: ast.AST) -> None:
+        # Its loop variables are its own; a walrus inside binds in the namespace.
+        walrus = [sub.target for sub in ast.walk(node) if isinstance(sub, ast.NamedExpr)]
+        self.found.update(target.id for target in walrus if isinstance(target, ast.Name))
+
+    visit_ListComp = visit_SetComp = visit_DictComp = visit_GeneratorExp = _comprehension
+
+    def visit_Import(self, node: ast.Import | ast.ImportFrom) -> None:
+        self.found.update((alias.asname or alias.name).split(".")[0] for alias in node.names if alias.name != "*")
+
+    visit_ImportFrom = visit_Import
+
+    def visit_ExceptHandler(self, node: ast.ExceptHandler) -> None:
+        if node.name:
+            self.found.add(node.name)
+        self.generic_visit(node)
+
+    def visit_MatchAs(self, node: ast.MatchAs) -> None:
+        if node.name:
+            self.found.add(node.name)
+        self.generic_visit(node)
+
+    def visit_MatchStar(self, node: ast.MatchStar) -> None:
+        if node.name:
+            self.found.add(node.name)
+
+    def visit_MatchMapping(self, node: ast.MatchMapping) -> None:
+        if node.rest:
+            self.found.add(node.rest)
+        self.generic_visit(node)

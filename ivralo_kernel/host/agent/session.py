@@ -32,7 +32,7 @@ from ivralo_kernel.host.agent.namespace import (
     NamespaceTimeoutError,
     NamespaceWorkerLostError,
 )
-from ivralo_kernel.host.agent.outputs import error_result, lost_names_message, with_effects
+from ivralo_kernel.host.agent.outputs import assigned_names, error_result, lost_names_message, with_effects
 from ivralo_kernel.host.agent.pool import HostMemoryError, WorkerPool, WorkerPoolExhaustedError
 from ivralo_kernel.host.agent.session_calls import (
     _NAMES_EXPR,
@@ -134,6 +134,7 @@ class Session(SessionCalls):
         self._lock = asyncio.Lock()
         self._worker: AnyWorker | None = None
         self._known_names: list[str] = []
+        self._running_code: str | None = None
         self._user_interrupt = False
         self._restarts: deque[tuple[float, str]] = deque()
         self._restart_note: str | None = None
@@ -200,9 +201,11 @@ class Session(SessionCalls):
             worker.busy = True
             self._effects = None
             self._images = ()
+            self._running_code = code
             try:
                 result = await self._execute(worker, code)
             finally:
+                self._running_code = None
                 worker.busy = False
                 worker.last_used = time.monotonic()
             recorder = self._history_recorder()
@@ -214,19 +217,21 @@ class Session(SessionCalls):
         """The Esc key: end the worker and its whole tree now (no grace). The next call gets a fresh
         worker. Returns the loss message listing the variables that were lost (None if no worker ran).
 
-        A call in flight returns the same message. (JupyterLab's interrupt button stays a plain SIGINT.)
+        A call in flight returns the same message, as its ``error`` (its ``result``: what it printed
+        before). (JupyterLab's interrupt button stays a plain SIGINT.)
         """
         worker = self._worker
         if worker is None:
             return None
         self._user_interrupt = True
         lost = list(self._known_names)
+        running = self._running_code
         await worker.kill()
-        message = lost_names_message(USER_INTERRUPT_CAUSE, lost)
+        message = lost_names_message(USER_INTERRUPT_CAUSE, lost, assigned_names(running or ""))
         if not self._lock.locked():  # nothing in flight will clean up after us
             async with self._lock:
                 await self._lose_worker(USER_INTERRUPT_CAUSE)
-        return error_result(message, message)
+        return error_result("", message)
 
     async def close(self) -> None:
         """Stop the worker and its whole process tree."""

@@ -22,7 +22,13 @@ from ivralo_kernel.host.agent.dataplane import TransferRefusedError, decode_inli
 from ivralo_kernel.host.agent.gateway.worker import GatewayPool
 from ivralo_kernel.host.agent.kernel_worker import KernelWorker
 from ivralo_kernel.host.agent.namespace import DATAPLANE, NamespaceCall, NamespaceWorkerLostError, WorkerGone
-from ivralo_kernel.host.agent.outputs import CellOutput, effects_in, error_result, lost_names_message
+from ivralo_kernel.host.agent.outputs import (
+    CellOutput,
+    assigned_names,
+    effects_in,
+    error_result,
+    lost_names_message,
+)
 from ivralo_kernel.host.agent.pool import WorkerPool
 from ivralo_kernel.host.history.ledger import HistoryRecorder
 from ivralo_kernel.host.sandbox.limits import available_memory
@@ -58,6 +64,7 @@ class SessionCalls:
     _worker: KernelWorker | None
     _lock: asyncio.Lock
     _known_names: list[str]
+    _running_code: str | None  # the call in flight, whose own assignments a loss may also take
     _user_interrupt: bool
     _restarts: deque[tuple[float, str]]
     _restart_note: str | None
@@ -107,11 +114,12 @@ class SessionCalls:
         finally:
             reading.cancel()
         watchdog = worker.watchdog
+        # A loss: the output before it stays the result; the message is the error, said once.
         if isinstance(ended, Lost) or (watchdog is not None and watchdog.phase_of(msg_id) is Phase.KILLED):
-            return await self._lose_worker(self._death_cause(worker))
+            return await self._lose_worker(self._death_cause(worker), code, out.text)
         reply = ended.reply
         if reply is None and not await worker.is_alive():  # it said idle, and was ended before replying
-            return await self._lose_worker(self._death_cause(worker))
+            return await self._lose_worker(self._death_cause(worker), code, out.text)
         content = reply["content"] if reply else {}
         self._images = tuple(out.images)
         self._effects = effects_in((reply or {}).get("metadata"))  # the kernel's own report
@@ -187,14 +195,15 @@ class SessionCalls:
             if reply["parent_header"].get("msg_id") == msg_id:
                 return reply
 
-    async def _lose_worker(self, cause: str) -> dict[str, str]:
+    async def _lose_worker(self, cause: str, code: str | None = None, shown: str = "") -> dict[str, str]:
+        """The worker is gone: ``error`` says why and which names were lost (the session's, and those
+        ``code``, the call that was stopped, assigns); ``result`` is what the call ``shown`` before."""
         lost = list(self._known_names)
         self._known_names = []
         self._user_interrupt = False
         self._note_restart(cause)
         await self._release_worker()
-        message = lost_names_message(cause, lost)
-        return error_result(message, message)
+        return error_result(shown, lost_names_message(cause, lost, assigned_names(code or "")))
 
     def _note_restart(self, cause: str) -> None:
         """From the third lost worker within 60 s, say so: something keeps killing it."""

@@ -48,7 +48,7 @@ from ivralo_kernel.host.settings.resolve import IvraloSettings, config_file_laye
 from ivralo_kernel.host.settings.workspace_files import DOTENV, PERMISSIONS, WorkspaceFiles, protected_in_sandbox
 from ivralo_kernel.host.watch.watchdog import Watchdog
 from ivralo_kernel.protocol import KernelPolicy, database_env_names, names, scrub
-from ivralo_kernel.protocol.credentials import credential_store_paths
+from ivralo_kernel.protocol.credentials import credential_store_paths, kept_out_line
 from ivralo_kernel.protocol.sandbox import devices
 from ivralo_kernel.protocol.trust import is_trusted
 
@@ -159,11 +159,9 @@ class IvraloProvisioner(KernelWatch, SpareAdoption, LocalProvisioner, IvraloSett
         # The workspace's .env is read here, never by the kernel: only its plain values go in.
         env.update(dotenv_for_kernel(policy.workspace, env, self.workspace_files.usable(DOTENV)))
         if removed:  # names only: values never reach a log
-            self.log.info(
-                "ivralo: kept %d credential variable(s) out of the kernel: %s", len(removed), ", ".join(removed)
-            )
+            self.log.info("ivralo: %s", kept_out_line(removed))
         self.policy_file = self._write_policy(policy)
-        # A fresh responder per kernel ("yes this time" lasts one worker's life); the asker stays.
+        # A fresh responder per kernel (a "yes" lasts until this kernel restarts); the asker stays.
         # It holds the credentials, so it reads the environment before the scrub.
         previous = self.broker
         self.broker = BrokerResponder(

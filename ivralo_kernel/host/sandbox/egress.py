@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shlex
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -29,7 +30,13 @@ from ivralo_kernel.host.sandbox.person_question import ask_until_chosen
 from ivralo_kernel.host.settings.workspace_files import PERMISSIONS, WorkspaceFiles
 from ivralo_kernel.protocol import names
 from ivralo_kernel.protocol.messages import BrokerAnswer
-from ivralo_kernel.protocol.network.egress import PERMISSIONS_FILE, EgressPolicy, load_egress_policy
+from ivralo_kernel.protocol.network.egress import (
+    ALWAYS_RECORDED,
+    PERMISSIONS_FILE,
+    UNTIL_RESTART,
+    EgressPolicy,
+    load_egress_policy,
+)
 from ivralo_kernel.protocol.network.egress_names import HostNameError, Target, normalize
 from ivralo_kernel.protocol.terminal import terminal_safe
 
@@ -51,6 +58,13 @@ log = logging.getLogger(__name__)
 
 CELL_QUESTION = "Code in this cell wants to reach {meant}"
 AGENT_QUESTION = "Code in run_python wants to reach {meant}"
+# In a folder that is not trusted only yes and no are offered: the question says what offers "always".
+ALWAYS_NEEDS_TRUST = ' ("always" needs a trusted folder: ivralo-kernel trust {path})'
+
+
+def untrusted_note(workspace: str) -> str:
+    """What the question in an untrusted folder adds: how to have "always" offered there."""
+    return ALWAYS_NEEDS_TRUST.format(path=terminal_safe(shlex.quote(workspace)))
 
 
 def cell_question(host: str, port: int | None, wording: str = CELL_QUESTION) -> str:
@@ -125,6 +139,15 @@ class EgressDesk:
     def choices(self) -> tuple[str, ...]:
         return names.EGRESS_CHOICES if self.trusted else ("yes", "no")
 
+    def question(self, host: str, port: int | None, wording: str) -> str:
+        """The question about ``host:port``; in a folder that is not trusted, with how to have "always"."""
+        asked = cell_question(host, port, wording)
+        return asked if self.trusted else asked + untrusted_note(self.workspace)
+
+    def _earlier(self, key: str) -> str:
+        """The reason of an answer given earlier: a yes lasts until this kernel restarts."""
+        return UNTIL_RESTART if self._granted[key] else "answered earlier"
+
     def judge(self, payload: dict[str, Any], execution: str, reply: Reply, pause: Pause) -> None:
         """(the watchdog's thread) The kernel's network guard asks (outside the OS sandbox; inside,
         only code forging a request does): the same questions as the proxy's, one open per host."""
@@ -134,7 +157,7 @@ class EgressDesk:
         if allowed is not None:
             reply({"allowed": allowed, "reason": reason})
         elif key in self._granted:
-            reply({"allowed": self._granted[key], "reason": "answered earlier"})
+            reply({"allowed": self._granted[key], "reason": self._earlier(key)})
         elif self.asker is None and self.person is None:
             reply({"allowed": False, "reason": NOBODY_TO_ASK})
         else:
@@ -147,10 +170,10 @@ class EgressDesk:
 
     def allowed_hosts(self) -> list[str]:
         """What code here may reach without being asked: hosts.allow's entries (host, or host:port),
-        and the hosts a person said yes to for this worker's life."""
+        and the hosts a person said yes to, until this kernel restarts."""
         policy = self.policy()
         listed = [e.host if e.port is None else f"{e.host}:{e.port}" for e in policy.allow] if not policy.closed else []
-        return [*listed, *(f"{host} (yes this time)" for host, yes in self._granted.items() if yes)]
+        return [*listed, *(f"{host} ({UNTIL_RESTART})" for host, yes in self._granted.items() if yes)]
 
     def decide(self, host: str, port: int, execution: str | None, person: PersonAsk | None, pause: Pause) -> Decision:
         """(the egress proxy's thread; blocks) Judge ``host:port`` for a sandboxed kernel's traffic;
@@ -173,7 +196,7 @@ class EgressDesk:
         key = grant_key(normalize(host), port)
         with self._lock:
             if key in self._granted:
-                return self._granted[key], "answered earlier"
+                return self._granted[key], self._earlier(key)
             question = self._open.get(key)
             mine = question is None or question.done()
             if mine:
@@ -221,7 +244,8 @@ class EgressDesk:
         received there is an answer (an "always" is written only then)."""
         pause(True)  # the time the person takes does not count against the deadline
         try:
-            choice = ask_until_chosen(lambda text: person(execution, text), cell_question(host, port), self.choices)
+            question = self.question(host, port, CELL_QUESTION)
+            choice = ask_until_chosen(lambda text: person(execution, text), question, self.choices)
         except Exception as exc:  # noqa: BLE001 - a failing prompt is a "no", never a hang
             log.warning("ivralo: asking the person failed (%s); refusing %s", terminal_safe(str(exc)), host)
             choice = "no"
@@ -234,7 +258,7 @@ class EgressDesk:
     def _ask_agent(self, asker: Asker, host: str, port: int | None, reply: Reply, pause: Pause) -> None:
         pause(True)  # the time the person takes does not count against the deadline
         try:
-            choice = asker(cell_question(host, port, AGENT_QUESTION), self.choices)
+            choice = asker(self.question(host, port, AGENT_QUESTION), self.choices)
         except Exception as exc:  # noqa: BLE001 - a failing callback is a "no", never a hang
             log.warning("ivralo: the ask callback failed (%s); refusing %s", terminal_safe(str(exc)), host)
             choice = "no"
@@ -250,9 +274,9 @@ class EgressDesk:
             else:
                 with self.files.host_writes(PERMISSIONS):
                     allow_always(self.workspace, key)
-            return {"allowed": True, "reason": "always (hosts.allow)"}
+            return {"allowed": True, "reason": ALWAYS_RECORDED}
         if choice in ("yes", "always"):
             self._granted[key] = True
-            return {"allowed": True, "reason": "yes this time"}
+            return {"allowed": True, "reason": UNTIL_RESTART}
         self._granted[key] = False
         return {"allowed": False, "reason": "the person said no"}

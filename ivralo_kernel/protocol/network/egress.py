@@ -38,6 +38,17 @@ PORTS_OF_A_HOST_WITHOUT_PORT = (80, 443)
 
 LOOPBACK = "loopback"  # the allow-list keyword for every loopback name and address
 ALLOW_LIST = "hosts.allow"  # the reason of a decision the allow list made (the person's own entry)
+# The reasons of the person's answers: "yes" lasts until the kernel restarts; "always" is written to the
+# workspace's permissions file (named as the person finds it).
+UNTIL_RESTART = "until this kernel restarts"
+ALWAYS_RECORDED = f"always: recorded in {names.STATE_DIR}/{PERMISSIONS_FILE}"
+
+
+def outcome_text(allowed: bool, reason: str) -> str:
+    """What became of a host, as the hosts-tried line lists it: ``allowed (hosts.allow)``, ``refused
+    (the person said no)``; a yes reads ``allowed until this kernel restarts``."""
+    verdict = "allowed" if allowed else "refused"
+    return f"{verdict} {reason}" if reason == UNTIL_RESTART else f"{verdict} ({reason})"
 
 
 def is_loopback(host: str) -> bool:
