@@ -325,6 +325,36 @@ async def test_a_kernel_in_the_projects_interpreter(tmp_path: Path) -> None:
         # The runs left it as it was.
         assert await s.list_vars() == ["ipykernel", "ipykernel_launcher", "projectlib", "sys"]
 
+        # Issue 31, Must 1: %pip in a uv project, whose .venv has no pip. With no uv binary found (this
+        # kernel's PATH and home made empty, by a cell), one sentence says what to run instead;
+        nothing = project / "nothing"
+        nothing.mkdir()
+        cell = f"import os\nhome = os.environ['HOME']\nos.environ.update(PATH={str(nothing)!r}, HOME={str(nothing)!r})"
+        await s.run(cell + "\nos.environ.pop('XDG_BIN_HOME', None)")
+        refused = await s.run("%pip install six")
+        assert isinstance(refused, dict) and "No module named pip" not in str(refused)
+        assert f"{project / '.venv'}), which has no pip, and no uv binary is on this kernel's PATH" in refused["error"]
+        assert "so run `uv add six` in a terminal in the project" in refused["error"]
+        # with one (a stand-in that records its arguments: the test machine has no uv, and no index is
+        # reachable), %pip runs `uv pip ... --python <the project's python>`, and %uv runs uv.
+        record = project / "uv-argv"
+        script(project / "uv-bin" / "uv", f'printf "%s\\n" "$@" "cache=$UV_CACHE_DIR" > {record}\necho stand-in uv ran')
+        await s.run(f"os.environ.update(PATH={str(project / 'uv-bin')!r} + ':/usr/bin:/bin', HOME=home)")
+        cache = "cache="  # uv's default cache: under XDG_CACHE_HOME, which the kernel has its own of
+        assert (await s.run("%pip install six")).strip() == "stand-in uv ran"  # a pty's \r\n
+        assert record.read_text().splitlines() == ["pip", "install", "--python", str(python), "six", cache]
+        await s.run("os.environ['UV_CACHE_DIR'] = home + '/.cache/uv'")  # one the sandbox keeps read-only
+        assert (await s.run("%pip install six")).strip() == "stand-in uv ran"
+        assert record.read_text().splitlines()[-1].endswith("/ivralo-uv-cache")
+        await s.run("del os.environ['UV_CACHE_DIR']")
+        assert (await s.run("%uv pip list")).strip() == "stand-in uv ran"  # a pty's \r\n
+        assert record.read_text().splitlines() == ["pip", "list", "--python", str(python), cache]
+        assert (await s.run("%uv --version")).strip() == "stand-in uv ran"  # a pty's \r\n
+        assert record.read_text().splitlines() == ["--version", cache]
+        record.unlink()
+        outside = await s.run("%uv pip install --target /etc/ivralo-denied six")  # %pip's workspace check
+        assert isinstance(outside, dict) and "outside the workspace" in outside["error"] and not record.exists()
+
 
 async def test_a_kernel_in_a_pixi_environment(tmp_path: Path) -> None:
     """Issue 31, Must 3: a pixi project's conda environment (its own prefix and site-packages, no
