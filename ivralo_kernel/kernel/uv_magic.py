@@ -95,17 +95,18 @@ def no_uv_sentence(line: str, venv: str) -> str:
     """What to do instead, in one sentence, when this uv project's kernel finds no uv binary."""
     args = _split(line)
     command = next((a for a in args if not a.startswith("-")), "")
-    names = [a for a in args[args.index(command) + 1 :] if not a.startswith("-")] if command else []
-    if command == "install" and names:
-        instead = f"uv add {shlex.join(names)}"
-    elif command == "uninstall" and names:
-        instead = f"uv remove {shlex.join(names)}"
+    rest = args[args.index(command) + 1 :] if command else []  # uv add takes -r FILE, -U, --find-links too
+    if command == "install" and rest:
+        instead = f"uv add {shlex.join(rest)}"
+    elif command == "uninstall" and rest:
+        instead = f"uv remove {shlex.join(a for a in rest if a not in ('-y', '--yes'))}"
     else:
         instead = shlex.join(["uv", "pip", *args[:1], "--python", sys.executable, *args[1:]])
+    then = ", then import it here (restart the kernel if an older version was imported)" if command == "install" else ""
     return (
         f"%pip {line}: this kernel runs a uv project's environment ({venv}), which has no pip, and no uv "
         f"binary is on this kernel's PATH (nor in ~/.local/bin or ~/.cargo/bin), so run `{instead}` in a "
-        "terminal in the project, then import it here (restart the kernel if an older version was imported)."
+        f"terminal in the project{then}."
     )
 
 
