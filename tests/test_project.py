@@ -349,7 +349,9 @@ async def test_a_kernel_in_the_projects_interpreter(tmp_path: Path) -> None:
         assert argv == ["pip", "list", "--python", str(python)] and cache.endswith("/ivralo-uv-cache")
         record.unlink()
         outside = await s.run("%uv pip install --target /etc/ivralo-denied six")  # %pip's workspace check
-        assert isinstance(outside, dict) and "outside the workspace" in outside["error"] and not record.exists()
+        assert isinstance(outside, dict) and not record.exists()
+        assert "%uv pip install would write to /etc/ivralo-denied, outside the workspace" in outside["error"]
+        assert f"(uv pip install --python {python} --target /etc/ivralo-denied six)" in outside["error"]
 
 
 async def test_a_kernel_in_a_pixi_environment(tmp_path: Path) -> None:

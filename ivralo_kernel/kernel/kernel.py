@@ -90,10 +90,13 @@ class IvraloKernel(compat.KernelOverrides, IPythonKernel):
         original_pip = self.shell.find_line_magic("pip")
         if original_pip is not None and STATE.workspace:
             workspace = STATE.workspace
-            pip = guarded_pip(uv_magic.through_uv(original_pip, self.shell), workspace)  # uv's .venv: no pip
+            through_uv = uv_magic.through_uv(original_pip, self.shell)  # a uv project's .venv has no pip
+            pip = guarded_pip(through_uv, workspace, instead=uv_magic.terminal_command)
             self.shell.register_magic_function(pip, "line", "pip")
             original_uv = self.shell.find_line_magic("uv")
-            uv = uv_magic.uv_magic(original_uv, lambda run: guarded_pip(run, workspace), self.shell)
+            uv = uv_magic.uv_magic(
+                original_uv, lambda run: guarded_pip(run, workspace, "%uv pip", uv_magic.uv_pip_command), self.shell
+            )
             self.shell.register_magic_function(uv, "line", "uv")
         if STATE.workspace:  # and !pip, !python -m pip, !uv pip: the same sentence, before they run
             compat.check_shell_commands(self.shell, shell_pip_check(STATE.workspace))

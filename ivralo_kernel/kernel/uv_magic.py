@@ -91,6 +91,19 @@ def uv_argv(uv: str, args: list[str]) -> list[str]:
     return argv
 
 
+def terminal_command(line: str) -> str:
+    """What ``%pip LINE`` is from a terminal: ``uv pip`` in a uv project's environment without pip."""
+    venv = uv_venv()
+    if venv is None or has_own_pip(venv):
+        return f"{sys.executable} -m pip {line}"
+    return uv_pip_command(line)
+
+
+def uv_pip_command(line: str) -> str:
+    args = _split(line)
+    return shlex.join(["uv", "pip", *args[:1], "--python", sys.executable, *args[1:]])
+
+
 def no_uv_sentence(line: str, venv: str) -> str:
     """What to do instead, in one sentence, when this uv project's kernel finds no uv binary."""
     args = _split(line)
@@ -101,7 +114,7 @@ def no_uv_sentence(line: str, venv: str) -> str:
     elif command == "uninstall" and rest:
         instead = f"uv remove {shlex.join(a for a in rest if a not in ('-y', '--yes'))}"
     else:
-        instead = shlex.join(["uv", "pip", *args[:1], "--python", sys.executable, *args[1:]])
+        instead = uv_pip_command(line)
     then = ", then import it here (restart the kernel if an older version was imported)" if command == "install" else ""
     return (
         f"%pip {line}: this kernel runs a uv project's environment ({venv}), which has no pip, and no uv "
