@@ -78,6 +78,8 @@ async def test_a_hermetic_session(workspace: Path) -> None:
         # No package installs: %pip says which surface has them.
         result = await s.run("%pip install six")
         assert isinstance(result, dict) and "%pip is not available on the hermetic surface" in result["error"]
+        result = await s.run("%uv pip install six")  # nor through IPython's %uv
+        assert isinstance(result, dict) and "%pip is not available on the hermetic surface" in result["error"]
 
         # The namespace API works on this surface.
         await s.set_var("v", [1, 2])

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +19,15 @@ from kernel_helpers import execute
 from ivralo_kernel.cli.app import main
 from ivralo_kernel.host import ConfigError, Session, WorkerConfig, WorkerPool
 from ivralo_kernel.host.agent.test_runs import MARKER, run_report
-from ivralo_kernel.host.jupyter.interpreters import Interpreter, InterpreterError, discover, launch_for, private_path
+from ivralo_kernel.host.jupyter.interpreters import (
+    Interpreter,
+    InterpreterError,
+    discover,
+    install_command,
+    launch_for,
+    private_path,
+    probe,
+)
 from ivralo_kernel.host.jupyter.kernelspec import kernel_spec_dict
 from ivralo_kernel.protocol import names
 from ivralo_kernel.protocol.bootstrap import BOOTSTRAP, module_argv
@@ -35,6 +44,30 @@ def fake_venv(folder: Path, uv: str | None = None) -> Path:
     cfg += "version = 3.11\n" + (f"uv = {uv}\n" if uv else "")
     (folder / "pyvenv.cfg").write_text(cfg)
     return folder / "bin" / "python"
+
+
+def conda_env(prefix: Path) -> Path:
+    """A conda environment's shape, as conda and pixi make one: conda-meta/ with the python package's
+    record, bin/python (a copy of this Python's small launcher binary, so that its prefix is this folder),
+    its own lib/pythonX.Y (links to this Python's standard library) with its own, empty site-packages,
+    and no pyvenv.cfg. The machine running the tests has no conda."""
+    base = Path(sys.base_prefix)
+    minor = f"python{sys.version_info[0]}.{sys.version_info[1]}"
+    (prefix / "conda-meta").mkdir(parents=True)
+    version = ".".join(map(str, sys.version_info[:3]))
+    record = {"name": "python", "version": version, "build": "h0_cpython"}
+    (prefix / "conda-meta" / f"python-{version}-h0_cpython.json").write_text(json.dumps(record))
+    (prefix / "bin").mkdir()
+    shutil.copy2(os.path.realpath(sys._base_executable), prefix / "bin" / minor)
+    (prefix / "bin" / "python").symlink_to(minor)
+    stdlib = prefix / "lib" / minor
+    (stdlib / "site-packages").mkdir(parents=True)
+    for entry in (base / "lib" / minor).iterdir():
+        if entry.name != "site-packages":
+            (stdlib / entry.name).symlink_to(entry)
+    for lib in (base / "lib").glob("libpython*"):  # a shared build's launcher finds it next to its lib/
+        (prefix / "lib" / lib.name).symlink_to(lib)
+    return prefix / "bin" / "python"
 
 
 def script(path: Path, body: str) -> Path:
@@ -84,11 +117,56 @@ def test_discovery_order(tmp_path: Path) -> None:
     python3 = tmp_path / "bin" / "python3"
     python3.parent.mkdir()
     python3.symlink_to(sys.executable)
-    assert discover(bare, path=str(python3.parent)) == Interpreter(str(python3), "path", f"python3 on PATH ({python3})")
+    no_conda: dict[str, str] = {}  # whatever conda environment this run's shell has active
+    found = discover(bare, path=str(python3.parent), environ=no_conda)
+    assert found == Interpreter(str(python3), "path", f"python3 on PATH ({python3})")
     with pytest.raises(InterpreterError, match="no python3 on PATH"):
-        discover(bare, path=empty_path)
+        discover(bare, path=empty_path, environ=no_conda)
     with pytest.raises(InterpreterError, match="no such folder"):
         discover(tmp_path / "missing")
+
+
+@fast
+def test_pixi_and_conda_environments_are_found(tmp_path: Path) -> None:
+    """Issue 31, Must 3: pixi's default environment, a conda environment in the project's usual
+    folders, then the active CONDA_PREFIX; a folder without conda-meta/ is not one."""
+    empty_path, no_conda = str(tmp_path / "no-bin"), {}
+    pixi = tmp_path / "pixi-project"
+    python = script(pixi / ".pixi" / "envs" / "default" / "bin" / "python", "exit 1")
+    (pixi / ".pixi" / "envs" / "default" / "conda-meta").mkdir()
+    fake_venv(pixi / "venv")  # pixi's environment wins over a plain venv next to it
+    expected = Interpreter(str(python), "pixi", "pixi project (.pixi/envs/default)")
+    assert discover(pixi, path=empty_path, environ=no_conda) == expected
+    assert install_command(expected, "ivralo-kernel") == f"pixi add --pypi ivralo-kernel (in {pixi})"
+    uv = tmp_path / "uv-project"  # a uv project's .venv wins over pixi's
+    fake_venv(uv / ".venv", uv="0.4.0")
+    shutil.copytree(pixi / ".pixi", uv / ".pixi", symlinks=True)
+    assert discover(uv, path=empty_path, environ=no_conda).kind == "uv"
+    for name in (".conda", "envs", "env"):
+        project = tmp_path / f"conda{name}"
+        python = script(project / name / "bin" / "python", "exit 1")
+        (project / name / "conda-meta").mkdir()
+        reason = f"conda environment of the project ({name})"
+        assert discover(project, path=empty_path, environ=no_conda) == Interpreter(str(python), "conda", reason)
+    active = tmp_path / "miniconda" / "envs" / "work"
+    python = script(active / "bin" / "python", "exit 1")
+    not_conda = tmp_path / "no-meta"
+    script(not_conda / "env" / "bin" / "python", "exit 1")  # no conda-meta/: neither the project's nor active
+    environ = {"CONDA_PREFIX": str(not_conda / "env")}
+    with pytest.raises(InterpreterError, match="no active conda environment, and no python3 on PATH"):
+        discover(not_conda, path=empty_path, environ=environ)
+    (active / "conda-meta").mkdir()
+    found = discover(not_conda, path=empty_path, environ={"CONDA_PREFIX": str(active)})
+    assert found == Interpreter(str(python), "conda", f"active conda environment (CONDA_PREFIX={active})")
+    assert discover(pixi, path=empty_path, environ={"CONDA_PREFIX": str(active)}).kind == "pixi"
+    # Read from its files, never run on the host (the scripts above would exit 1): conda-meta's record.
+    conda = conda_env(tmp_path / "real-shape")
+    version = ".".join(map(str, sys.version_info[:3]))
+    assert probe(Interpreter(str(conda), "conda", "x")) == (version, frozenset(), {})
+    for record in (tmp_path / "real-shape" / "conda-meta").glob("python-*.json"):
+        record.unlink()
+    with pytest.raises(InterpreterError, match="its conda-meta/ has no record of the python package"):
+        probe(Interpreter(str(conda), "conda", "x"))
 
 
 @fast
@@ -247,6 +325,51 @@ async def test_a_kernel_in_the_projects_interpreter(tmp_path: Path) -> None:
         # The runs left it as it was.
         assert await s.list_vars() == ["ipykernel", "ipykernel_launcher", "projectlib", "sys"]
 
+        # Issue 31, Must 1: %pip in a uv project, whose .venv has no pip. With no uv binary found (this
+        # kernel's PATH and home made empty, by a cell), one sentence says what to run instead;
+        nothing = project / "nothing"
+        nothing.mkdir()
+        cell = f"import os\nhome = os.environ['HOME']\nos.environ.update(PATH={str(nothing)!r}, HOME={str(nothing)!r})"
+        await s.run(cell + "\nos.environ.pop('XDG_BIN_HOME', None)")
+        refused = await s.run("%pip install six")
+        assert isinstance(refused, dict) and "No module named pip" not in str(refused)
+        assert f"{project / '.venv'}), which has no pip, and no uv binary is on this kernel's PATH" in refused["error"]
+        assert "so run `uv add six` in a terminal in the project" in refused["error"]
+        # with one (a stand-in that records its arguments: the test machine has no uv, and no index is
+        # reachable), %pip runs `uv pip ... --python <the project's python>`, and %uv runs uv.
+        record = project / "uv-argv"
+        script(project / "uv-bin" / "uv", f'printf "%s\\n" "$@" "cache=$UV_CACHE_DIR" > {record}\necho stand-in uv ran')
+        cell = f"os.environ.update(PATH={str(project / 'uv-bin')!r} + ':/usr/bin:/bin', HOME=home)\n"
+        cache = "cache="  # uv's default cache: under XDG_CACHE_HOME, which the kernel has its own of
+        assert (await s.run(cell + "%pip install six")).strip() == "stand-in uv ran"  # a pty's \r\n
+        assert record.read_text().splitlines() == ["pip", "install", "--python", str(python), "six", cache]
+        cell = "os.environ['UV_CACHE_DIR'] = home + '/.cache/uv'\n"  # one the sandbox keeps read-only
+        assert (await s.run(cell + "%uv pip list")).strip() == "stand-in uv ran"
+        *argv, cache = record.read_text().splitlines()
+        assert argv == ["pip", "list", "--python", str(python)] and cache.endswith("/ivralo-uv-cache")
+        record.unlink()
+        outside = await s.run("%uv pip install --target /etc/ivralo-denied six")  # %pip's workspace check
+        assert isinstance(outside, dict) and not record.exists()
+        assert "%uv pip install would write to /etc/ivralo-denied, outside the workspace" in outside["error"]
+        assert f"(uv pip install --python {python} --target /etc/ivralo-denied six)" in outside["error"]
+
+
+async def test_a_kernel_in_a_pixi_environment(tmp_path: Path) -> None:
+    """Issue 31, Must 3: a pixi project's conda environment (its own prefix and site-packages, no
+    pyvenv.cfg) runs the kernel, with the project's packages and ivralo's after them."""
+    project = tmp_path / "pixi-proj"
+    python = conda_env(project / ".pixi" / "envs" / "default")
+    site = next((project / ".pixi" / "envs" / "default" / "lib").glob("python3*/site-packages"))
+    (site / "projectlib.py").write_text("WHERE = 'pixi'\n")
+    set_trust(str(project), True, os.environ)
+    async with Session(project=project, surface="project") as s:
+        code = "import sys, projectlib\nprint(sys.executable)\nprint(sys.prefix)\nprint(projectlib.WHERE)"
+        assert await s.run(code) == f"{python}\n{python.parent.parent}\npixi\n"
+        section = s.kernel_info["ivralo"]
+        choice = f"{python} (Python {'.'.join(map(str, sys.version_info[:3]))}; pixi project (.pixi/envs/default); "
+        assert section["interpreter"]["choice"] == choice + "ivralo's packages from a private path after its own)"
+        assert isinstance(await s.run("open('/etc/ivralo-denied', 'w')"), dict)  # the same guards
+
 
 async def test_project_runner_runs_pytest(workspace: Path) -> None:
     """In an interpreter that has pytest (ivralo's own here), pytest's own counts and output."""
@@ -296,8 +419,6 @@ def test_install_project_spec(tmp_path: Path, workspace: Path, capsys: pytest.Ca
 def test_a_workspace_venv_is_read_never_run_on_the_host(tmp_path: Path) -> None:
     """Code in a kernel can write a venv in its workspace: the host learns what it needs from the
     venv's files, and runs nothing of it (its python, a .pth line) outside the sandbox."""
-    from ivralo_kernel.host.jupyter.interpreters import probe
-
     venv, marker = tmp_path / "proj" / ".venv", tmp_path / "ran-on-the-host"
     python = script(venv / "bin" / "python", f"touch {marker}")  # what a planted interpreter would do
     (venv / "pyvenv.cfg").write_text("home = /usr/bin\ninclude-system-site-packages = false\nversion = 3.11.7\n")

@@ -73,4 +73,5 @@ def make_hermetic(shell: Any) -> HermeticImports:
         raise UsageError(HERMETIC_PIP)
 
     shell.register_magic_function(pip, "line", "pip")
+    shell.register_magic_function(pip, "line", "uv")  # IPython's %uv installs too
     return install_hermetic_imports(is_user_globals)

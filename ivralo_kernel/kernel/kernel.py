@@ -29,6 +29,7 @@ import ivralo_kernel.kernel.api as api  # the submodules, not this package's nam
 import ivralo_kernel.kernel.dataplane as dataplane
 import ivralo_kernel.kernel.sandbox.own_ports as own_ports
 import ivralo_kernel.kernel.surface_magics as surface_magics
+import ivralo_kernel.kernel.uv_magic as uv_magic
 from ivralo_kernel import __version__, compat
 from ivralo_kernel.guards.network import hosts_tried_line
 from ivralo_kernel.kernel.broker_client import BROKER, HOST_CONNECT_TIMEOUT_S
@@ -88,7 +89,15 @@ class IvraloKernel(compat.KernelOverrides, IPythonKernel):
         BROKER.publish = self._publish_broker_request
         original_pip = self.shell.find_line_magic("pip")
         if original_pip is not None and STATE.workspace:
-            self.shell.register_magic_function(guarded_pip(original_pip, STATE.workspace), "line", "pip")
+            workspace = STATE.workspace
+            through_uv = uv_magic.through_uv(original_pip, self.shell)  # a uv project's .venv has no pip
+            pip = guarded_pip(through_uv, workspace, instead=uv_magic.terminal_command)
+            self.shell.register_magic_function(pip, "line", "pip")
+            original_uv = self.shell.find_line_magic("uv")
+            uv = uv_magic.uv_magic(
+                original_uv, lambda run: guarded_pip(run, workspace, "%uv pip", uv_magic.uv_pip_command), self.shell
+            )
+            self.shell.register_magic_function(uv, "line", "uv")
         if STATE.workspace:  # and !pip, !python -m pip, !uv pip: the same sentence, before they run
             compat.check_shell_commands(self.shell, shell_pip_check(STATE.workspace))
         surface_magics.register(

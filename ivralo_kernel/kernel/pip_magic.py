@@ -59,7 +59,12 @@ def outside_workspace(what: str, target: str, workspace: str, instead: str) -> s
     )
 
 
-def guarded_pip(original: Callable[[str], Any], workspace: str) -> Callable[[str], Any]:
+def guarded_pip(
+    original: Callable[[str], Any], workspace: str, name: str = "%pip", instead: Callable[[str], str] | None = None
+) -> Callable[[str], Any]:
+    """``original`` (``name``: ``%pip``, ``%uv pip``), after the workspace's check; ``instead``: the
+    command the sentence says to run from a terminal (``python -m pip ...``)."""
+
     def pip(line: str) -> Any:
         try:
             args = shlex.split(line)
@@ -69,8 +74,8 @@ def guarded_pip(original: Callable[[str], Any], workspace: str) -> Callable[[str
         if command in CHANGES_THE_ENVIRONMENT:
             target = pip_target(args)
             if not _inside(target, workspace):
-                instead = f"{sys.executable} -m pip {line}"
-                raise UsageError(outside_workspace(f"%pip {command}", target, workspace, instead))
+                terminal = instead(line) if instead is not None else f"{sys.executable} -m pip {line}"
+                raise UsageError(outside_workspace(f"{name} {command}", target, workspace, terminal))
         return original(line)
 
     pip.__doc__ = getattr(original, "__doc__", None)

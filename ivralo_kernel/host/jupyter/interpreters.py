@@ -5,17 +5,24 @@ For a project folder, the first match wins:
 1. a uv project: ``.venv/pyvenv.cfg`` has the ``uv = <version>`` key uv writes → ``.venv/bin/python``;
 2. a Poetry project: ``pyproject.toml`` has ``[tool.poetry]`` and ``poetry`` is on PATH →
    ``$(poetry env info -p)/bin/python`` (bounded: Poetry may be slow, never the kernel's start);
-3. a ``.venv`` or ``venv`` folder with ``bin/python``;
-4. ``python3`` on PATH.
+3. a pixi project: ``.pixi/envs/default/bin/python`` (pixi's default environment, a conda one);
+4. a ``.venv`` or ``venv`` folder with ``bin/python``;
+5. a conda environment of the project: ``.conda`` (what VS Code's "Create Environment" makes), ``envs``
+   or ``env`` (``conda create --prefix ./envs``) with ``conda-meta/`` and ``bin/python``;
+6. the active conda environment (``CONDA_PREFIX``), wherever it is: activating one is choosing it for
+   what runs from that shell, and its ``python3`` would come first on PATH anyway; the project's own
+   environments above win over it, as ``uv run`` and ``pixi run`` would use them;
+7. ``python3`` on PATH.
 
 The interpreter is then checked: its Python version, and whether it has ``ivralo_kernel``,
-``ipykernel`` and ``pytest``. A venv's are read from its files, never by running it on the host (code
-in the kernel can write a venv in the workspace); ``python3`` on PATH is asked (one short process).
-One without ivralo (or ipykernel) still runs the kernel,
-with ivralo's kernel side (ivralo_kernel, ipykernel and what it needs: ``kernel_closure``, nothing else of
-ivralo's environment) on a private path after its site-packages (``protocol.bootstrap``), as long
-as it is the same Python minor as ivralo's: compiled packages (pyzmq, psutil) are built for one.
-Otherwise the error names what is missing and the command that installs it.
+``ipykernel`` and ``pytest``. A venv's (and a conda environment's, from ``conda-meta/``) are read
+from its files, never by running it on the host (code in the kernel can write a venv in the
+workspace); ``python3`` on PATH is asked (one short process). One without ivralo (or ipykernel)
+still runs the kernel, with ivralo's kernel side (ivralo_kernel, ipykernel and what it needs:
+``kernel_closure``, nothing else of ivralo's environment) on a private path after its site-packages
+(``protocol.bootstrap``), as long as it is the same Python minor as ivralo's: compiled packages
+(pyzmq, psutil) are built for one. Otherwise the error names what is missing and the command that
+installs it.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ import subprocess
 import sys
 import sysconfig
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -65,15 +73,22 @@ class InterpreterError(WorkerBootstrapError):
 @dataclass(frozen=True)
 class Interpreter:
     """A discovered interpreter: its path (a venv's own, not resolved: resolving leaves the venv),
-    what kind of project chose it (uv, poetry, venv, path, given, own) and why, in words."""
+    what kind of project chose it (uv, poetry, pixi, venv, conda, path, given, own) and why, in words."""
 
     python: str
     kind: str
     reason: str
 
 
-def discover(project: str | os.PathLike[str], path: str | None = None) -> Interpreter:
-    """The interpreter of ``project`` (see the module's doc); ``path``: the PATH to search (this one)."""
+CONDA_FOLDERS = (".conda", "envs", "env")  # a project's own conda environment, where people make one
+
+
+def discover(
+    project: str | os.PathLike[str], path: str | None = None, environ: Mapping[str, str] | None = None
+) -> Interpreter:
+    """The interpreter of ``project`` (see the module's doc); ``path``: the PATH to search (this one);
+    ``environ``: where ``CONDA_PREFIX`` is read (this process's environment)."""
+    environ = os.environ if environ is None else environ
     root = Path(project).expanduser().absolute()
     if not root.is_dir():
         raise InterpreterError(f"project={str(project)!r}: no such folder. Give the folder of the project.")
@@ -91,15 +106,29 @@ def discover(project: str | os.PathLike[str], path: str | None = None) -> Interp
             if found is not None:
                 return Interpreter(found, "poetry", f"Poetry project (poetry env info -p: {Path(found).parent.parent})")
             notes.append(why)
+    pixi = root / ".pixi" / "envs" / "default"
+    if _is_conda(pixi):
+        return Interpreter(
+            str(pixi / "bin" / "python"), "pixi", _with_notes("pixi project (.pixi/envs/default)", notes)
+        )
     for name in (".venv", "venv"):
         candidate = root / name / "bin" / "python"
         if _runs(candidate):
             return Interpreter(str(candidate), "venv", _with_notes(f"virtual environment ({name})", notes))
+    for name in CONDA_FOLDERS:
+        if _is_conda(root / name):
+            python = str(root / name / "bin" / "python")
+            return Interpreter(python, "conda", _with_notes(f"conda environment of the project ({name})", notes))
+    active = environ.get("CONDA_PREFIX", "")
+    if active and _is_conda(Path(active)):
+        python = str(Path(active) / "bin" / "python")
+        return Interpreter(python, "conda", _with_notes(f"active conda environment (CONDA_PREFIX={active})", notes))
     python3 = shutil.which("python3", path=path if path is not None else os.environ.get("PATH"))
     if python3 is None:
         raise InterpreterError(
-            f"project={str(root)!r}: no .venv, venv or Poetry environment there, and no python3 on PATH. "
-            "Create the project's environment (uv sync, poetry install, or python3 -m venv .venv)."
+            f"project={str(root)!r}: no .venv, venv, Poetry, pixi or conda environment there, no active conda "
+            "environment, and no python3 on PATH. Create the project's environment (uv sync, poetry install, "
+            "pixi install, or python3 -m venv .venv)."
         )
     return Interpreter(python3, "path", _with_notes(f"python3 on PATH ({python3})", notes))
 
@@ -110,6 +139,11 @@ def _with_notes(reason: str, notes: list[str]) -> str:
 
 def _runs(python: Path) -> bool:
     return python.is_file() and os.access(python, os.X_OK)
+
+
+def _is_conda(prefix: Path) -> bool:
+    """A conda (or pixi) environment: ``conda-meta/`` (conda's record of what is installed) and a python."""
+    return (prefix / "conda-meta").is_dir() and _runs(prefix / "bin" / "python")
 
 
 def _uv_version(venv: Path) -> str | None:
@@ -201,6 +235,8 @@ def install_command(interpreter: Interpreter, package: str) -> str:
     """The command that installs ``package`` into ``interpreter`` (a uv venv has no pip)."""
     if interpreter.kind == "uv":
         return f"uv pip install --python {interpreter.python} {package}"
+    if interpreter.kind == "pixi":  # .pixi/envs/default/bin/python: the project is four folders up
+        return f"pixi add --pypi {package} (in {Path(interpreter.python).parents[4]})"
     return f"{interpreter.python} -m pip install {package}"
 
 
@@ -219,6 +255,46 @@ def _has_module(module: str) -> bool:
 
 def _norm(name: str) -> str:
     return name.lower().replace("-", "_").replace(".", "_")
+
+
+def _site_dists(folders: list[Path]) -> tuple[frozenset[str], dict[str, str]]:
+    """(which of ``_PROBED`` these site-packages folders hold, their ``KERNEL_DISTRIBUTIONS``' versions)."""
+    import importlib.metadata
+
+    dists: dict[str, str] = {}
+    for dist in importlib.metadata.distributions(path=[str(f) for f in folders if f.is_dir()]):
+        name = dist.metadata["Name"] or ""
+        dists.setdefault(_norm(name), dist.version)
+    found = frozenset(m for m in _PROBED if _norm(m) in dists or _norm(m.replace("_", "-")) in dists)
+    kernel = {d: dists[_norm(d)] for d in KERNEL_DISTRIBUTIONS if _norm(d) in dists}
+    return found, kernel
+
+
+def read_conda(python: str) -> tuple[str, frozenset[str], dict[str, str]] | None:
+    """``read_venv`` for a conda (or pixi) environment: its Python version from ``conda-meta``'s record
+    of the python package, its packages from its site-packages; None when ``python`` is not one's.
+    Never run on the host either: a project's environment is in the workspace."""
+    root = Path(python).absolute().parent.parent
+    meta = root / "conda-meta"
+    if not meta.is_dir():
+        return None
+    version = ""
+    for record in sorted(meta.glob("python-[0-9]*.json")):
+        try:
+            data = json.loads(record.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict) and data.get("name") == "python" and str(data.get("version", ""))[:1].isdigit():
+            version = str(data["version"])
+            break
+    if not version:
+        raise InterpreterError(
+            f"{python}: its conda-meta/ has no record of the python package, so its Python version cannot be "
+            "checked without running it. Repair the environment (pixi install, or conda install python)."
+        )
+    minor = ".".join(version.split(".")[:2])
+    found, kernel = _site_dists([root / "lib" / f"python{minor}" / "site-packages"])
+    return version, found, kernel
 
 
 def read_venv(python: str) -> tuple[str, frozenset[str], dict[str, str]] | None:
@@ -245,22 +321,16 @@ def read_venv(python: str) -> tuple[str, frozenset[str], dict[str, str]] | None:
     if values.get("include-system-site-packages", "false").lower() == "true" and values.get("home"):
         base = Path(values["home"]).parent
         folders += [base / "lib" / f"python{minor}" / "site-packages", base / "lib" / "python3" / "dist-packages"]
-    import importlib.metadata
-
-    dists: dict[str, str] = {}
-    for dist in importlib.metadata.distributions(path=[str(f) for f in folders if f.is_dir()]):
-        name = dist.metadata["Name"] or ""
-        dists.setdefault(_norm(name), dist.version)
-    found = frozenset(m for m in _PROBED if _norm(m) in dists or _norm(m.replace("_", "-")) in dists)
-    kernel = {d: dists[_norm(d)] for d in KERNEL_DISTRIBUTIONS if _norm(d) in dists}
+    found, kernel = _site_dists(folders)
     return version, found, kernel
 
 
 def probe(interpreter: Interpreter) -> tuple[str, frozenset[str], dict[str, str]]:
     """(its Python version, which of ivralo_kernel, ipykernel and pytest it can import by itself, its
-    versions of ``KERNEL_DISTRIBUTIONS``). A venv's are read from its files (``read_venv``); any
+    versions of ``KERNEL_DISTRIBUTIONS``). A venv's and a conda environment's are read from their files
+    (``read_venv``, ``read_conda``); any
     other interpreter (python3 on PATH) is asked, without the host's credentials in its environment."""
-    known = read_venv(interpreter.python)
+    known = read_venv(interpreter.python) or read_conda(interpreter.python)
     if known is not None:
         return known
     env, _ = scrub({k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")})
