@@ -448,9 +448,13 @@ async def test_history_restore_run_tests_and_restart(workspace: Path) -> None:
         await client.call_tool("run_python", {"code": "w = 3"})
         kernel = kernels_under(the_server(workspace))
         restarted = (await client.call_tool("restart", {})).structured_content
-        assert restarted is not None and "were lost: w." in restarted["message"]
+        assert restarted is not None and "were lost: w." in restarted["message"], restarted
+        assert restarted["message"].endswith("A fresh kernel is ready.")
+        fresh = [pid for pid in kernels_under(the_server(workspace)) if pid not in kernel]
+        assert fresh, "restart returned with the fresh kernel already running"
         wait_until(lambda: all(gone(pid) for pid in kernel), 15, "the restarted kernel's tree to be gone")
         assert text_of(await client.call_tool("run_python", {"code": "'w' in globals()"})) == "False\n"
+        assert kernels_under(the_server(workspace)) == fresh, "the call ran in the kernel restart made ready"
 
 
 CLIENT_THAT_DIES = """

@@ -41,6 +41,7 @@ _NAMES_EXPR = (
     "sorted(k for k in get_ipython().user_ns if not k.startswith('_') and k not in get_ipython().user_ns_hidden)"
 )
 USER_INTERRUPT_CAUSE = "interrupted: stopped at once by the user"
+USER_RESTART_CAUSE = "restarted: ended by the user's restart; a fresh kernel takes its place"
 ABORTED_TEXT = (
     "aborted: the kernel did not run this code, because a request sent just before it failed and "
     "ipykernel drops what arrives meanwhile (stop_on_error); run it again"
@@ -58,7 +59,7 @@ class SessionCalls:
     _worker: KernelWorker | None
     _lock: asyncio.Lock
     _known_names: list[str]
-    _user_interrupt: bool
+    _user_stop: str | None  # why the user ended the worker (interrupt, restart), until its loss is reported
     _restarts: deque[tuple[float, str]]
     _restart_note: str | None
     _asked_s: float
@@ -165,8 +166,8 @@ class SessionCalls:
 
     def _death_cause(self, worker: AnyWorker) -> str:
         """Why the worker is gone: the user's Esc, the watchdog's kill, or a crash."""
-        if self._user_interrupt:
-            return USER_INTERRUPT_CAUSE
+        if self._user_stop is not None:
+            return self._user_stop
         if worker.retired:
             return f"stopped: {worker.retired}"
         watchdog = worker.watchdog
@@ -190,7 +191,7 @@ class SessionCalls:
     async def _lose_worker(self, cause: str) -> dict[str, str]:
         lost = list(self._known_names)
         self._known_names = []
-        self._user_interrupt = False
+        self._user_stop = None
         self._note_restart(cause)
         await self._release_worker()
         message = lost_names_message(cause, lost)
