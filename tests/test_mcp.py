@@ -27,7 +27,7 @@ from typing import Any
 
 import psutil
 import pytest
-from conftest import gone, kill_tree, wait_until
+from conftest import gone, kill_tree, wait_until, wait_until_async
 from sandbox_cases import counting_http
 
 pytest.importorskip("mcp")
@@ -278,30 +278,46 @@ async def _first_progress(client: Client, code: str) -> tuple[asyncio.Task[Any],
     return call, started
 
 
-@pytest.mark.timeout(240)
-@pytest.mark.parametrize("mode", MODES)
-async def test_an_interrupt_during_a_call_and_a_cancelled_call(workspace: Path, mode: str) -> None:
-    async with stdio_client(workspace, mode) as (client, _):
-        await client.call_tool("run_python", {"code": "z = 1"})
-        kernel = kernels_under(the_server(workspace))
-        call, _ = await _first_progress(client, "import time\ntime.sleep(120)")
-        stopped = await client.call_tool("interrupt", {})
-        assert stopped.structured_content is not None and stopped.structured_content["interrupted"] is True
-        assert "were lost: z." in stopped.structured_content["message"]
-        result = await asyncio.wait_for(call, 30)
-        assert result.is_error and "interrupted: stopped at once by the user" in text_of(result)
-        wait_until(lambda: all(gone(pid) for pid in kernel), 15, "the interrupted kernel to be gone")
+async def _interrupt_then_cancel(client: Client, workspace: Path) -> None:
+    await client.call_tool("run_python", {"code": "z = 1"})
+    kernel = kernels_under(the_server(workspace))
+    call, _ = await _first_progress(client, "import time\ntime.sleep(120)")
+    stopped = await client.call_tool("interrupt", {})
+    assert stopped.structured_content is not None and stopped.structured_content["interrupted"] is True
+    assert "were lost: z." in stopped.structured_content["message"]
+    result = await asyncio.wait_for(call, 30)
+    assert result.is_error and "interrupted: stopped at once by the user" in text_of(result)
+    wait_until(lambda: all(gone(pid) for pid in kernel), 15, "the interrupted kernel to be gone")
 
-        # The client's cancellation interrupts the call too: the kernel's tree ends.
-        call, _ = await _first_progress(client, "import time\ntime.sleep(120)")
-        kernel = kernels_under(the_server(workspace))
-        assert kernel
-        call.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await call
-        wait_until(lambda: all(gone(pid) for pid in kernel), 30, "the cancelled call's kernel to be gone")
-        after = await client.call_tool("run_python", {"code": "1 + 1"})
-        assert text_of(after) == "2\n"
+    # The client's cancellation interrupts the call too: the kernel's tree ends.
+    call, _ = await _first_progress(client, "import time\ntime.sleep(120)")
+    kernel = kernels_under(the_server(workspace))
+    assert kernel
+    call.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await call
+    # On the loop: the client's cancellation (a notification; over HTTP at 2026, the call's own
+    # request closed) is sent by its tasks.
+    await wait_until_async(lambda: all(gone(pid) for pid in kernel), 30, "the cancelled call's kernel to be gone")
+    after = await client.call_tool("run_python", {"code": "1 + 1"})
+    assert text_of(after) == "2\n", "two losses are two (no restart-loop note)"
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("over", ["stdio legacy", "stdio auto", "http"])
+async def test_an_interrupt_during_a_call_and_a_cancelled_call(workspace: Path, over: str) -> None:
+    """Over HTTP one server takes both modes in turn: the legacy client's cancellation is a
+    notification, the 2026 client's is its request's connection closed."""
+    if over.startswith("stdio"):
+        async with stdio_client(workspace, over.split()[1]) as (client, _):
+            await _interrupt_then_cancel(client, workspace)
+        return
+    with http_server(workspace) as (proc, url):
+        for mode in MODES:
+            async with Client(url, mode=mode) as client:
+                await _interrupt_then_cancel(client, workspace)
+        tree = tree_pids(psutil.Process(proc.pid))
+    wait_until(lambda: all(gone(pid) for pid in tree), 30, f"the HTTP server's tree {tree} to end with it")
 
 
 @pytest.mark.timeout(180)

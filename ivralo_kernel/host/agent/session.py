@@ -226,7 +226,9 @@ class Session(SessionCalls):
         message = lost_names_message(USER_INTERRUPT_CAUSE, lost)
         if not self._lock.locked():  # nothing in flight will clean up after us
             async with self._lock:
-                await self._lose_worker(USER_INTERRUPT_CAUSE)
+                # Unless a call that ended during the kill has (its loss is counted once, not twice).
+                if self._worker is worker:
+                    await self._lose_worker(USER_INTERRUPT_CAUSE)
         return error_result(message, message)
 
     async def restart(self) -> dict[str, str] | None:
