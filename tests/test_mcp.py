@@ -267,21 +267,22 @@ async def test_both_deadline_outcomes_with_progress(workspace: Path, mode: str) 
         assert text_of(again) == "False\n"  # a fresh kernel
 
 
-async def _first_progress(client: Client, code: str) -> tuple[asyncio.Task[Any], asyncio.Event]:
-    started = asyncio.Event()
-
-    async def on_progress(value: float, total: float | None, message: str | None) -> None:
-        started.set()
-
-    call = asyncio.ensure_future(client.call_tool("run_python", {"code": code}, progress_callback=on_progress))
-    await asyncio.wait_for(started.wait(), 60)  # the cell is running: the server said so
-    return call, started
+RUNNING = "import pathlib, time\npathlib.Path({name!r}).touch()\ntime.sleep(120)"
 
 
-async def _interrupt_then_cancel(client: Client, workspace: Path) -> None:
+async def _running(client: Client, workspace: Path, name: str) -> asyncio.Task[Any]:
+    """A call whose cell is running: the cell itself says so (a file), not the server's first
+    progress, which comes after a second whether the kernel has started yet or not."""
+    call = asyncio.ensure_future(client.call_tool("run_python", {"code": RUNNING.format(name=name)}))
+    await wait_until_async(lambda: (workspace / name).exists() or call.done(), 60, "the cell to start")
+    assert not call.done(), call.result()
+    return call
+
+
+async def _interrupt_then_cancel(client: Client, workspace: Path, tag: str) -> None:
     await client.call_tool("run_python", {"code": "z = 1"})
     kernel = kernels_under(the_server(workspace))
-    call, _ = await _first_progress(client, "import time\ntime.sleep(120)")
+    call = await _running(client, workspace, f"interrupted-{tag}")
     stopped = await client.call_tool("interrupt", {})
     assert stopped.structured_content is not None and stopped.structured_content["interrupted"] is True
     assert "were lost: z." in stopped.structured_content["message"]
@@ -290,7 +291,7 @@ async def _interrupt_then_cancel(client: Client, workspace: Path) -> None:
     wait_until(lambda: all(gone(pid) for pid in kernel), 15, "the interrupted kernel to be gone")
 
     # The client's cancellation interrupts the call too: the kernel's tree ends.
-    call, _ = await _first_progress(client, "import time\ntime.sleep(120)")
+    call = await _running(client, workspace, f"cancelled-{tag}")
     kernel = kernels_under(the_server(workspace))
     assert kernel
     call.cancel()
@@ -310,12 +311,12 @@ async def test_an_interrupt_during_a_call_and_a_cancelled_call(workspace: Path, 
     notification, the 2026 client's is its request's connection closed."""
     if over.startswith("stdio"):
         async with stdio_client(workspace, over.split()[1]) as (client, _):
-            await _interrupt_then_cancel(client, workspace)
+            await _interrupt_then_cancel(client, workspace, over.split()[1])
         return
     with http_server(workspace) as (proc, url):
         for mode in MODES:
             async with Client(url, mode=mode) as client:
-                await _interrupt_then_cancel(client, workspace)
+                await _interrupt_then_cancel(client, workspace, mode)
         tree = tree_pids(psutil.Process(proc.pid))
     wait_until(lambda: all(gone(pid) for pid in tree), 30, f"the HTTP server's tree {tree} to end with it")
 
@@ -584,18 +585,8 @@ import asyncio, sys
 from mcp import Client
 
 async def main():
-    started = asyncio.Event()
-
-    async def on_progress(*_):
-        started.set()
-
     async with Client(sys.argv[1], mode=sys.argv[2]) as client:
-        call = asyncio.ensure_future(
-            client.call_tool("run_python", {"code": "import time\\ntime.sleep(120)"}, progress_callback=on_progress)
-        )
-        await started.wait()
-        print("running", flush=True)
-        await call
+        await client.call_tool("run_python", {"code": sys.argv[3]})
 
 asyncio.run(main())
 """
@@ -605,10 +596,12 @@ asyncio.run(main())
 @pytest.mark.parametrize("mode", MODES)
 async def test_an_http_client_killed_during_a_call_leaves_no_kernel(workspace: Path, mode: str) -> None:
     with http_server(workspace) as (proc, url):
-        client = subprocess.Popen([sys.executable, "-c", CLIENT_THAT_DIES, url, mode], stdout=subprocess.PIPE)
+        running = RUNNING.format(name="started")
+        client = subprocess.Popen([sys.executable, "-c", CLIENT_THAT_DIES, url, mode, running], stdout=subprocess.PIPE)
         try:
-            assert client.stdout is not None
-            assert client.stdout.readline() == b"running\n"
+            # The cell itself says it runs (the server's first progress comes whether the kernel has started or not).
+            wait_until(lambda: (workspace / "started").exists() or client.poll() is not None, 60, "the cell to start")
+            assert client.poll() is None
             tree = tree_pids(psutil.Process(proc.pid))
             assert kernels_under(psutil.Process(proc.pid))
             client.kill()  # no DELETE, no cancel: its connection just drops
