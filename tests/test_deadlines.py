@@ -263,9 +263,10 @@ async def test_esc_stops_at_once_and_lists_the_lost_names(workspace: Path) -> No
         assert await session.run("print('a' in dir())") == "False\n"
 
 
-def _our_tree() -> set[int]:
-    """Every process under this test's process (the session's kernel tree: supervisor, bwrap, kernel)."""
-    return {p.pid for p in psutil.Process().children(recursive=True) if not gone(p.pid)}
+def _our_tree(before: set[int]) -> set[int]:
+    """The processes under this test's process that were not there ``before`` the session: its kernel's
+    tree (bwrap, supervisor, kernel). The whole suite's pytest has other children (servers)."""
+    return {p.pid for p in psutil.Process().children(recursive=True) if not gone(p.pid)} - before
 
 
 async def test_restart_starts_a_fresh_kernel_before_it_returns(workspace: Path) -> None:
@@ -275,13 +276,14 @@ async def test_restart_starts_a_fresh_kernel_before_it_returns(workspace: Path) 
         "REPL worker terminated (restarted: ended by the user's restart; a fresh kernel takes its place). "
         "ALL variables in this session were lost: {}. You must recreate any state you need before retrying."
     )
+    before = _our_tree(set())
     async with Session(workspace=workspace, config=WorkerConfig()) as session:
         assert await session.restart() is None, "no kernel ran: nothing lost, one started all the same"
         first = session.pid
         assert first is not None and not gone(first)
         await session.run("a = 1\nb = 2")
         assert session.pid == first, "the call ran in the kernel restart had made ready"
-        old_tree = _our_tree()
+        old_tree = _our_tree(before)
         assert first in old_tree
 
         answer = await session.restart()
@@ -302,7 +304,7 @@ async def test_restart_starts_a_fresh_kernel_before_it_returns(workspace: Path) 
         while not started.exists():  # handshake: the cell itself says it runs
             assert time.monotonic() < deadline, "the cell never started"
             await asyncio.sleep(0.02)
-        old_tree = _our_tree()
+        old_tree = _our_tree(before)
         answer = await session.restart()
         message = lost_text.format("c")
         assert answer == await in_flight == {"status": "error", "result": message, "error": message}
