@@ -316,6 +316,56 @@ async def test_esc_stops_at_once_and_lists_the_lost_names(workspace: Path) -> No
         assert await session.run("print('a' in dir())") == "False\n"
 
 
+def _our_tree(before: set[int]) -> set[int]:
+    """The processes under this test's process that were not there ``before`` the session: its kernel's
+    tree (bwrap, supervisor, kernel). The whole suite's pytest has other children (servers)."""
+    return {p.pid for p in psutil.Process().children(recursive=True) if not gone(p.pid)} - before
+
+
+async def test_restart_starts_a_fresh_kernel_before_it_returns(workspace: Path) -> None:
+    import asyncio
+
+    lost_text = (
+        "REPL worker terminated (restarted: ended by the user's restart; a fresh kernel takes its place). "
+        "ALL variables in this session were lost: {}. You must recreate any state you need before retrying."
+    )
+    before = _our_tree(set())
+    async with Session(workspace=workspace, config=WorkerConfig()) as session:
+        assert await session.restart() is None, "no kernel ran: nothing lost, one started all the same"
+        first = session.pid
+        assert first is not None and not gone(first)
+        await session.run("a = 1\nb = 2")
+        assert session.pid == first, "the call ran in the kernel restart had made ready"
+        old_tree = _our_tree(before)
+        assert first in old_tree
+
+        answer = await session.restart()
+        message = lost_text.format("a, b")
+        assert answer == {"status": "error", "result": message, "error": message}
+        fresh = session.pid
+        assert fresh is not None and fresh != first and not gone(fresh), "the fresh kernel runs already"
+        wait_until(lambda: all(gone(pid) for pid in old_tree), 10, f"the old tree {old_tree} to be gone")
+        assert await session.run("print('a' in dir())") == "False\n"
+
+        # During a call: the call returns the same loss, and the fresh kernel is there when restart returns.
+        await session.run("c = 3")
+        started = workspace / "started"
+        in_flight = asyncio.create_task(
+            session.run("import time, pathlib\npathlib.Path('started').touch()\ntime.sleep(60)")
+        )
+        deadline = time.monotonic() + 30
+        while not started.exists():  # handshake: the cell itself says it runs
+            assert time.monotonic() < deadline, "the cell never started"
+            await asyncio.sleep(0.02)
+        old_tree = _our_tree(before)
+        answer = await session.restart()
+        message = lost_text.format("c")
+        assert answer == await in_flight == {"status": "error", "result": message, "error": message}
+        assert session.pid not in (None, fresh) and not gone(session.pid)  # type: ignore[arg-type]
+        wait_until(lambda: all(gone(pid) for pid in old_tree), 10, f"the old tree {old_tree} to be gone")
+        assert await session.run("print('c' in dir())") == "False\n"
+
+
 async def test_memory_soft_limit_hint_once_and_hard_limit_kill(workspace: Path) -> None:
     config = WorkerConfig(
         observer_poll_ms=50, memory_soft_limit_bytes=200 << 20, memory_hard_limit_bytes=700 << 20, deadline_ms=30_000

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import http.server
 import json
 import os
 import signal
@@ -20,13 +21,13 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
-from conftest import gone, kill_tree, wait_until
+from conftest import gone, kill_tree, wait_until, wait_until_async
 from sandbox_cases import counting_http
 
 pytest.importorskip("mcp")
@@ -35,6 +36,7 @@ from mcp import Client, StdioServerParameters
 from mcp.types import ElicitResult
 
 from ivralo_kernel.protocol import names
+from ivralo_kernel.protocol.trust import set_trust
 
 MODES = ("legacy", "auto")
 SECRET = "sk-ivralo-mcp-test-0123456789"
@@ -99,12 +101,12 @@ class Person:
 
 @contextlib.asynccontextmanager
 async def stdio_client(
-    workspace: Path, mode: str, *extra: str, person: Person | None = None
+    workspace: Path, mode: str, *extra: str, person: Person | None = None, env: dict[str, str] | None = None
 ) -> AsyncIterator[tuple[Client, list[int]]]:
     """A Client over stdio; yields it and a list the test fills with the tree's pids, which are all
     checked gone once the client has left (stdin's end)."""
     command = server_command(workspace, *extra)
-    params = StdioServerParameters(command=command[0], args=command[1:], env=server_env(), cwd=str(workspace))
+    params = StdioServerParameters(command=command[0], args=command[1:], env=env or server_env(), cwd=str(workspace))
     seen: list[int] = []
     async with Client(params, mode=mode, elicitation_callback=person, read_timeout_seconds=90) as client:  # type: ignore[arg-type]
         yield client, seen
@@ -121,6 +123,50 @@ def the_server(workspace: Path) -> psutil.Process:
     found = servers_of(workspace)
     assert len(found) == 1, found
     return found[0]
+
+
+@contextlib.contextmanager
+def api_endpoint() -> Iterator[tuple[int, list[str]]]:
+    """A loopback API that answers 200 only with the host's key as a bearer token (401 without it);
+    records each request as "path key-or-none"."""
+    hits: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            authorized = self.headers.get("Authorization") == f"Bearer {SECRET}"
+            hits.append(f"{self.path} {'with the key' if authorized else 'without it'}")
+            body = json.dumps({"authorized": authorized}).encode()
+            self.send_response(200 if authorized else 401)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield int(httpd.server_address[1]), hits
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join(timeout=5)
+
+
+def config_home_with_api(home: Path, port: int) -> dict[str, str]:
+    """A private config home whose apis.json has ``test.search`` (the host's key as a bearer token),
+    and the server's environment pointing at it."""
+    home.mkdir()
+    search = {"url": f"http://127.0.0.1:{port}/search", "credential": "IVRALO_TEST_API_KEY", "auth": {"kind": "bearer"}}
+    search["params"] = {"q": {"type": "string", "required": True}}
+    (home / "apis.json").write_text(json.dumps({"operations": {"test.search": search}}), encoding="utf-8")
+    return {**server_env(), "IVRALO_CONFIG_HOME": str(home)}
+
+
+API_CALL = "r = ivralo.call('test.search', q='cats')\nprint(r.status, r.body)"
 
 
 @pytest.mark.timeout(240)
@@ -221,54 +267,131 @@ async def test_both_deadline_outcomes_with_progress(workspace: Path, mode: str) 
         assert text_of(again) == "False\n"  # a fresh kernel
 
 
-async def _first_progress(client: Client, code: str) -> tuple[asyncio.Task[Any], asyncio.Event]:
-    started = asyncio.Event()
+RUNNING = "import pathlib, time\npathlib.Path({name!r}).touch()\ntime.sleep(120)"
 
-    async def on_progress(value: float, total: float | None, message: str | None) -> None:
-        started.set()
 
-    call = asyncio.ensure_future(client.call_tool("run_python", {"code": code}, progress_callback=on_progress))
-    await asyncio.wait_for(started.wait(), 60)  # the cell is running: the server said so
-    return call, started
+async def _running(client: Client, workspace: Path, name: str) -> asyncio.Task[Any]:
+    """A call whose cell is running: the cell itself says so (a file), not the server's first
+    progress, which comes after a second whether the kernel has started yet or not."""
+    call = asyncio.ensure_future(client.call_tool("run_python", {"code": RUNNING.format(name=name)}))
+    await wait_until_async(lambda: (workspace / name).exists() or call.done(), 60, "the cell to start")
+    assert not call.done(), call.result()
+    return call
+
+
+async def _interrupt_then_cancel(client: Client, workspace: Path, tag: str) -> None:
+    await client.call_tool("run_python", {"code": "z = 1"})
+    kernel = kernels_under(the_server(workspace))
+    call = await _running(client, workspace, f"interrupted-{tag}")
+    stopped = await client.call_tool("interrupt", {})
+    assert stopped.structured_content is not None and stopped.structured_content["interrupted"] is True
+    assert "were lost: z." in stopped.structured_content["message"]
+    result = await asyncio.wait_for(call, 30)
+    assert result.is_error and "interrupted: stopped at once by the user" in text_of(result)
+    wait_until(lambda: all(gone(pid) for pid in kernel), 15, "the interrupted kernel to be gone")
+
+    # The client's cancellation interrupts the call too: the kernel's tree ends.
+    call = await _running(client, workspace, f"cancelled-{tag}")
+    kernel = kernels_under(the_server(workspace))
+    assert kernel
+    call.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await call
+    # On the loop: the client's cancellation (a notification; over HTTP at 2026, the call's own
+    # request closed) is sent by its tasks.
+    await wait_until_async(lambda: all(gone(pid) for pid in kernel), 30, "the cancelled call's kernel to be gone")
+    after = await client.call_tool("run_python", {"code": "1 + 1"})
+    assert text_of(after) == "2\n", "two losses are two (no restart-loop note)"
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("mode", MODES)
-async def test_an_interrupt_during_a_call_and_a_cancelled_call(workspace: Path, mode: str) -> None:
-    async with stdio_client(workspace, mode) as (client, _):
-        await client.call_tool("run_python", {"code": "z = 1"})
-        kernel = kernels_under(the_server(workspace))
-        call, _ = await _first_progress(client, "import time\ntime.sleep(120)")
-        stopped = await client.call_tool("interrupt", {})
-        assert stopped.structured_content is not None and stopped.structured_content["interrupted"] is True
-        assert "were lost: z." in stopped.structured_content["message"]
-        result = await asyncio.wait_for(call, 30)
-        assert result.is_error and "interrupted: stopped at once by the user" in text_of(result)
-        wait_until(lambda: all(gone(pid) for pid in kernel), 15, "the interrupted kernel to be gone")
-
-        # The client's cancellation interrupts the call too: the kernel's tree ends.
-        call, _ = await _first_progress(client, "import time\ntime.sleep(120)")
-        kernel = kernels_under(the_server(workspace))
-        assert kernel
-        call.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await call
-        wait_until(lambda: all(gone(pid) for pid in kernel), 30, "the cancelled call's kernel to be gone")
-        after = await client.call_tool("run_python", {"code": "1 + 1"})
-        assert text_of(after) == "2\n"
+@pytest.mark.parametrize("over", ["stdio legacy", "stdio auto", "http"])
+async def test_an_interrupt_during_a_call_and_a_cancelled_call(workspace: Path, over: str) -> None:
+    """Over HTTP one server takes both modes in turn: the legacy client's cancellation is a
+    notification, the 2026 client's is its request's connection closed."""
+    if over.startswith("stdio"):
+        async with stdio_client(workspace, over.split()[1]) as (client, _):
+            await _interrupt_then_cancel(client, workspace, over.split()[1])
+        return
+    with http_server(workspace) as (proc, url):
+        for mode in MODES:
+            async with Client(url, mode=mode) as client:
+                await _interrupt_then_cancel(client, workspace, mode)
+        tree = tree_pids(psutil.Process(proc.pid))
+    wait_until(lambda: all(gone(pid) for pid in tree), 30, f"the HTTP server's tree {tree} to end with it")
 
 
 @pytest.mark.timeout(180)
-async def test_no_host_credential_reaches_the_kernel(workspace: Path) -> None:
-    async with stdio_client(workspace, "legacy") as (client, _):
-        shown = await client.call_tool("run_python", {"code": ENVIRONMENT})
-        assert SECRET not in text_of(shown)
-        server = the_server(workspace)
-        assert SECRET.encode() in Path(f"/proc/{server.pid}/environ").read_bytes()  # the host has it
-        for pid in tree_pids(server):  # no process of the kernel's tree does (read from outside)
-            with contextlib.suppress(FileNotFoundError, ProcessLookupError, PermissionError):
-                assert SECRET.encode() not in Path(f"/proc/{pid}/environ").read_bytes(), pid
-        assert SECRET not in json.dumps(shown.structured_content)
+async def test_no_host_credential_reaches_the_kernel(workspace: Path, tmp_path: Path) -> None:
+    """And without --grant, the host's API is refused before it is reached (its hits: none)."""
+    with api_endpoint() as (api_port, api_hits):
+        env = config_home_with_api(tmp_path / "config-home", api_port)
+        async with stdio_client(workspace, "legacy", env=env) as (client, _):
+            refused = await client.call_tool("run_python", {"code": API_CALL})
+            assert refused.is_error and 'this kernel has no "test" grant' in text_of(refused), text_of(refused)
+            assert api_hits == []
+            await _no_credential_in_the_tree(client, workspace)
+
+
+async def _no_credential_in_the_tree(client: Client, workspace: Path) -> None:
+    """The host holds the key (its environ); nothing the kernel prints or any process of its tree does."""
+    shown = await client.call_tool("run_python", {"code": ENVIRONMENT})
+    assert SECRET not in text_of(shown)
+    server = the_server(workspace)
+    assert SECRET.encode() in Path(f"/proc/{server.pid}/environ").read_bytes()  # the host has it
+    for pid in tree_pids(server):  # no process of the kernel's tree does (read from outside)
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError, PermissionError):
+            assert SECRET.encode() not in Path(f"/proc/{pid}/environ").read_bytes(), pid
+    assert SECRET not in json.dumps(shown.structured_content)
+
+
+@pytest.mark.timeout(240)
+async def test_a_grant_a_project_and_always_in_a_trusted_folder(tmp_path: Path) -> None:
+    """One server, ``--project P --grant test``, in the trusted project folder: the kernel runs the
+    project's interpreter (the process table says so); the host's key reaches the API through the
+    broker and never the kernel; "always" is offered, recorded by the host in
+    .ivralo/permissions.json, and the same host:port is not asked about again."""
+    project = tmp_path / "proj"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(project / ".venv")], check=True, timeout=60)
+    venv_python = project / ".venv" / "bin" / "python"
+    site = next((project / ".venv" / "lib").glob("python3*/site-packages"))
+    (site / "projectlib.py").write_text("WHERE = 'the project'\n")
+    person = Person("always")
+    with api_endpoint() as (api_port, api_hits), counting_http() as (port, hits):
+        env = config_home_with_api(tmp_path / "config-home", api_port)
+        set_trust(str(project), True, env)
+        async with stdio_client(
+            project, "auto", "--project", str(project), "--grant", "test", person=person, env=env
+        ) as (
+            client,
+            _,
+        ):
+            where = await client.call_tool(
+                "run_python", {"code": "import sys, projectlib\nprint(sys.executable, projectlib.WHERE)"}
+            )
+            assert text_of(where) == f"{venv_python} the project\n", text_of(where)
+            kernel = kernels_under(the_server(project))
+            assert [psutil.Process(pid).cmdline()[0] for pid in kernel] == [str(venv_python)]
+
+            called = await client.call_tool("run_python", {"code": API_CALL})
+            assert text_of(called).startswith("200 {'authorized': True}\n"), text_of(called)
+            assert api_hits == ["/search?q=cats with the key"]
+            assert SECRET not in text_of(called)
+            await _no_credential_in_the_tree(client, project)
+
+            first = await client.call_tool("run_python", {"code": FETCH.format(port=port, path="first")})
+            assert "hello from the host" in text_of(first), text_of(first)
+            assert len(person.asked) == 1
+            assert person.asked[0]["schema"]["properties"]["answer"]["enum"] == ["yes", "always", "no"]
+            saved = json.loads((project / ".ivralo" / "permissions.json").read_text())
+            assert saved == {"hosts": {"allow": [f"127.0.0.1:{port}"]}}  # on disk, that port alone
+            wrote = await client.call_tool("run_python", {"code": "open('.ivralo/permissions.json', 'a').write('x')"})
+            assert wrote.is_error, "the kernel cannot write it: the host did"
+            again = await client.call_tool("run_python", {"code": FETCH.format(port=port, path="again")})
+            assert "hello from the host" in text_of(again), text_of(again)
+    assert len(person.asked) == 1, "the same host and port is not asked about again"
+    assert hits == ["/first", "/again"]
+    assert json.loads((project / ".ivralo" / "permissions.json").read_text()) == saved
 
 
 # ---- the process table: stdin's end and SIGTERM, by hand over stdio ----------------------------
@@ -448,9 +571,13 @@ async def test_history_restore_run_tests_and_restart(workspace: Path) -> None:
         await client.call_tool("run_python", {"code": "w = 3"})
         kernel = kernels_under(the_server(workspace))
         restarted = (await client.call_tool("restart", {})).structured_content
-        assert restarted is not None and "were lost: w." in restarted["message"]
+        assert restarted is not None and "were lost: w." in restarted["message"], restarted
+        assert restarted["message"].endswith("A fresh kernel is ready.")
+        fresh = [pid for pid in kernels_under(the_server(workspace)) if pid not in kernel]
+        assert fresh, "restart returned with the fresh kernel already running"
         wait_until(lambda: all(gone(pid) for pid in kernel), 15, "the restarted kernel's tree to be gone")
         assert text_of(await client.call_tool("run_python", {"code": "'w' in globals()"})) == "False\n"
+        assert kernels_under(the_server(workspace)) == fresh, "the call ran in the kernel restart made ready"
 
 
 CLIENT_THAT_DIES = """
@@ -458,18 +585,8 @@ import asyncio, sys
 from mcp import Client
 
 async def main():
-    started = asyncio.Event()
-
-    async def on_progress(*_):
-        started.set()
-
     async with Client(sys.argv[1], mode=sys.argv[2]) as client:
-        call = asyncio.ensure_future(
-            client.call_tool("run_python", {"code": "import time\\ntime.sleep(120)"}, progress_callback=on_progress)
-        )
-        await started.wait()
-        print("running", flush=True)
-        await call
+        await client.call_tool("run_python", {"code": sys.argv[3]})
 
 asyncio.run(main())
 """
@@ -479,10 +596,12 @@ asyncio.run(main())
 @pytest.mark.parametrize("mode", MODES)
 async def test_an_http_client_killed_during_a_call_leaves_no_kernel(workspace: Path, mode: str) -> None:
     with http_server(workspace) as (proc, url):
-        client = subprocess.Popen([sys.executable, "-c", CLIENT_THAT_DIES, url, mode], stdout=subprocess.PIPE)
+        running = RUNNING.format(name="started")
+        client = subprocess.Popen([sys.executable, "-c", CLIENT_THAT_DIES, url, mode, running], stdout=subprocess.PIPE)
         try:
-            assert client.stdout is not None
-            assert client.stdout.readline() == b"running\n"
+            # The cell itself says it runs (the server's first progress comes whether the kernel has started or not).
+            wait_until(lambda: (workspace / "started").exists() or client.poll() is not None, 60, "the cell to start")
+            assert client.poll() is None
             tree = tree_pids(psutil.Process(proc.pid))
             assert kernels_under(psutil.Process(proc.pid))
             client.kill()  # no DELETE, no cancel: its connection just drops

@@ -72,8 +72,9 @@ DESCRIPTIONS = {
     "interrupt": "Stop the running kernel at once, with its whole process tree (the Esc key). Use it when a "
     "run_python call hangs. Returns the message naming the variables that were lost; the next run_python "
     "starts a fresh kernel. Nothing running: says so.",
-    "restart": "End this session's kernel and start afresh: every variable is lost (the message names them); "
-    "files on disk stay. Use it when the namespace is in a bad state.",
+    "restart": "End this session's kernel and start a fresh one, ready when this returns: every variable is "
+    "lost (the message names them, so you can recreate what you need); files on disk stay. Use it when the "
+    "namespace is in a bad state. An error says why the fresh kernel could not start.",
     "get_var": "Return the value of one variable of the kernel's namespace: JSON-able values as they are, "
     "others as their repr. An error says the name is not defined: check list_vars.",
     "set_var": "Bind a variable in the kernel's namespace to a JSON value (a number, string, list or object) "
@@ -289,9 +290,9 @@ def build_server(make_session: Callable[[QuestionDesk], Session], transport: str
 
     @server.tool(description=DESCRIPTIONS["restart"])
     async def restart(ctx: Context) -> dict[str, Any]:
-        lost = await guarded(clients.of(ctx).session.interrupt())
-        message = (lost or {}).get("error", "no kernel was running")
-        return {"restarted": True, "message": f"{message} The next run_python starts a fresh kernel."}
+        lost = await guarded(clients.of(ctx).session.restart())
+        message = (lost or {}).get("error", "No kernel was running.")
+        return {"restarted": True, "message": f"{message} A fresh kernel is ready."}
 
     @server.tool(description=DESCRIPTIONS["get_var"])
     async def get_var(name: str, ctx: Context) -> dict[str, Any]:

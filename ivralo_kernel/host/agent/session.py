@@ -37,6 +37,7 @@ from ivralo_kernel.host.agent.pool import HostMemoryError, WorkerPool, WorkerPoo
 from ivralo_kernel.host.agent.session_calls import (
     _NAMES_EXPR,
     USER_INTERRUPT_CAUSE,
+    USER_RESTART_CAUSE,
     AnyWorker,
     RunResult,
     SessionCalls,
@@ -135,7 +136,7 @@ class Session(SessionCalls):
         self._worker: AnyWorker | None = None
         self._known_names: list[str] = []
         self._running_code: str | None = None
-        self._user_interrupt = False
+        self._user_stop: str | None = None
         self._restarts: deque[tuple[float, str]] = deque()
         self._restart_note: str | None = None
         self._asked_s = 0.0  # time spent waiting for answers to ``ask`` during the running call
@@ -223,14 +224,42 @@ class Session(SessionCalls):
         worker = self._worker
         if worker is None:
             return None
-        self._user_interrupt = True
+        self._user_stop = USER_INTERRUPT_CAUSE
         lost = list(self._known_names)
         running = self._running_code
         await worker.kill()
         message = lost_names_message(USER_INTERRUPT_CAUSE, lost, assigned_names(running or ""))
         if not self._lock.locked():  # nothing in flight will clean up after us
             async with self._lock:
-                await self._lose_worker(USER_INTERRUPT_CAUSE)
+                # Unless a call that ended during the kill has (its loss is counted once, not twice).
+                if self._worker is worker:
+                    await self._lose_worker(USER_INTERRUPT_CAUSE)
+        return error_result("", message)
+
+    async def restart(self) -> dict[str, str] | None:
+        """End the worker and its whole tree now (as ``interrupt`` does), then start a fresh one with the
+        same workspace, config, role and grants; returns once it is ready. Returns the loss message
+        listing the variables that were lost, as a lost worker's is (None if no worker ran: one is
+        started all the same). A call in flight returns the same message. Files on disk stay.
+
+        If the fresh worker cannot start, its error is raised (``WorkerBootstrapError``, ...): the old
+        one has ended all the same, and the next call tries to start one again."""
+        lost, ended = list(self._known_names), self._worker is not None
+        running = self._worker
+        if running is not None and self._lock.locked():  # a call in flight: it ends now, with the loss
+            self._user_stop = USER_RESTART_CAUSE
+            await running.kill()
+        async with self._lock:
+            self._user_stop = None
+            if self._worker is not None:  # nothing in flight ended it (or a call started one meanwhile)
+                lost, ended = list(self._known_names), True
+                await self._worker.kill()  # the whole tree, now: no grace, as the Esc key
+                self._known_names = []
+                await self._release_worker()
+            await self._ensure_started()
+        if not ended:
+            return None
+        message = lost_names_message(USER_RESTART_CAUSE, lost)
         return error_result("", message)
 
     async def close(self) -> None:

@@ -47,6 +47,7 @@ _NAMES_EXPR = (
     "sorted(k for k in get_ipython().user_ns if not k.startswith('_') and k not in get_ipython().user_ns_hidden)"
 )
 USER_INTERRUPT_CAUSE = "interrupted: stopped at once by the user"
+USER_RESTART_CAUSE = "restarted: ended by the user's restart; a fresh kernel takes its place"
 ABORTED_TEXT = (
     "aborted: the kernel did not run this code, because a request sent just before it failed and "
     "ipykernel drops what arrives meanwhile (stop_on_error); run it again"
@@ -65,7 +66,7 @@ class SessionCalls:
     _lock: asyncio.Lock
     _known_names: list[str]
     _running_code: str | None  # the call in flight, whose own assignments a loss may also take
-    _user_interrupt: bool
+    _user_stop: str | None  # why the user ended the worker (interrupt, restart), until its loss is reported
     _restarts: deque[tuple[float, str]]
     _restart_note: str | None
     _asked_s: float
@@ -173,8 +174,8 @@ class SessionCalls:
 
     def _death_cause(self, worker: AnyWorker) -> str:
         """Why the worker is gone: the user's Esc, the watchdog's kill, or a crash."""
-        if self._user_interrupt:
-            return USER_INTERRUPT_CAUSE
+        if self._user_stop is not None:
+            return self._user_stop
         if worker.retired:
             return f"stopped: {worker.retired}"
         watchdog = worker.watchdog
@@ -200,7 +201,7 @@ class SessionCalls:
         ``code``, the call that was stopped, assigns); ``result`` is what the call ``shown`` before."""
         lost = list(self._known_names)
         self._known_names = []
-        self._user_interrupt = False
+        self._user_stop = None
         self._note_restart(cause)
         await self._release_worker()
         return error_result(shown, lost_names_message(cause, lost, assigned_names(code or "")))

@@ -187,6 +187,10 @@ class SyncSession:
         """``Session.interrupt``, blocking."""
         return self._call(self._session.interrupt())
 
+    def restart(self) -> dict[str, str] | None:
+        """``Session.restart``, blocking."""
+        return self._call(self._session.restart())
+
     def history(self, path: str | None = None) -> list[dict[str, Any]]:
         """``Session.history``, blocking."""
         return self._call(self._session.history(path))
