@@ -245,7 +245,7 @@ class Session(SessionCalls):
         If the fresh worker cannot start, its error is raised (``WorkerBootstrapError``, ...): the old
         one has ended all the same, and the next call tries to start one again."""
         lost, ended = list(self._known_names), self._worker is not None
-        running = self._worker
+        running, code = self._worker, self._running_code
         if running is not None and self._lock.locked():  # a call in flight: it ends now, with the loss
             self._user_stop = USER_RESTART_CAUSE
             await running.kill()
@@ -259,7 +259,7 @@ class Session(SessionCalls):
             await self._ensure_started()
         if not ended:
             return None
-        message = lost_names_message(USER_RESTART_CAUSE, lost)
+        message = lost_names_message(USER_RESTART_CAUSE, lost, assigned_names(code or ""))
         return error_result("", message)
 
     async def close(self) -> None:
