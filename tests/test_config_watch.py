@@ -55,3 +55,28 @@ async def test_the_persons_edit_between_runs_is_used(workspace: Path) -> None:
         async with Session(workspace=workspace, config=FALLBACK) as session:
             assert str(await session.run(GET.format(port=port, path="edited"))).startswith("200\n")
         assert hits == ["/edited"]
+
+
+@pytest.mark.fast
+def test_the_record_forgets_folders_that_are_gone_and_survives_a_torn_write(tmp_path: Path) -> None:
+    """The record of changed files lives in the config home, one entry per workspace: a folder that
+    no longer exists is dropped at the next start (it would grow with every folder ever used), and a
+    record is replaced whole, never left half-written."""
+    from ivralo_kernel.host.settings.workspace_files import RECORD_FILE, WorkspaceFiles
+
+    env = {"IVRALO_CONFIG_HOME": str(tmp_path / "config")}
+    kept, removed = tmp_path / "kept", tmp_path / "removed"
+    for folder in (kept, removed):
+        folder.mkdir()
+        files = WorkspaceFiles(str(folder), env)
+        files.begin()
+        (folder / ".env").write_text("CHANGED=by the kernel\n")  # while "its kernel" runs
+        files.end()
+    record = tmp_path / "config" / RECORD_FILE
+    assert set(json.loads(record.read_text())) == {str(kept), str(removed)}
+    for child in removed.iterdir():
+        child.unlink()
+    removed.rmdir()
+    WorkspaceFiles(str(kept), env).begin()
+    assert set(json.loads(record.read_text())) == {str(kept)}, "the gone folder's entry stays"
+    assert not list(record.parent.glob(".*.new")), "a temporary file of the replace was left"

@@ -135,21 +135,25 @@ class WorkspaceFiles:
 
     @contextlib.contextmanager
     def _records(self) -> Iterator[dict[str, Any]]:
-        """The record, locked against other hosts for the read-modify-write."""
+        """The record, locked against other hosts for the read-modify-write (a lock file beside it:
+        the record itself is replaced whole, so that a host killed while writing leaves the last one)."""
         self._record.parent.mkdir(parents=True, exist_ok=True)
-        with open(self._record, "a+", encoding="utf-8") as f:
-            fcntl.flock(f, fcntl.LOCK_EX)
-            f.seek(0)
+        with open(f"{self._record}.lock", "a", encoding="utf-8") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
             try:
-                records = json.loads(f.read() or "{}")
-            except json.JSONDecodeError:
+                records = json.loads(self._record.read_text(encoding="utf-8") or "{}")
+            except (FileNotFoundError, json.JSONDecodeError, UnicodeDecodeError):
                 records = {}
             if not isinstance(records, dict):
                 records = {}
+            # A workspace folder that is gone has nothing left to watch: its record goes too (else the
+            # record grows with every folder a kernel ever ran in, and each start reads all of it).
+            for gone in [ws for ws in records if ws != self.workspace and not os.path.isdir(ws)]:
+                del records[gone]
             yield records
-            f.seek(0)
-            f.truncate()
-            f.write(json.dumps(records, indent=1, sort_keys=True))
+            fresh = self._record.with_name(f".{self._record.name}.{os.getpid()}.new")
+            fresh.write_text(json.dumps(records, indent=1, sort_keys=True), encoding="utf-8")
+            os.replace(fresh, self._record)
 
 
 def protected_in_sandbox(workspace: str) -> frozenset[str]:
