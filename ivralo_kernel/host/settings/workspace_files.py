@@ -56,8 +56,9 @@ def digest(path: Path) -> str:
 # What ``stamp`` returns: (device, inode, size, mtime, ctime), None for a missing file.
 Stamp = tuple[int, int, int, int, int] | None
 # A file whose status changed less than this long ago may change again within the same timestamp
-# tick (the kernel's file clock is coarse) without its stamp showing it: not cached until it is older.
-SETTLED_NS = 1_000_000_000
+# tick without its stamp showing it (Linux stamps files from a coarse clock: one tick, 10 ms at most),
+# so it is not cached until it is older. Any change after that moves its ctime past the cached one.
+SETTLED_NS = 100_000_000
 
 
 def stamp(path: str | os.PathLike[str]) -> Stamp | bool:

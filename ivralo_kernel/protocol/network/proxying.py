@@ -7,9 +7,13 @@ The host's egress proxy and the sandbox's relay both read the first bytes of a c
 
 from __future__ import annotations
 
+import _thread
 import contextlib
+import os
 import select
 import socket
+import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -57,9 +61,9 @@ class ProxyRequest:
         return b"\r\n".join(out) + b"\r\n\r\n"
 
 
-def read_head(conn: socket.socket) -> tuple[bytes, bytes]:
-    """Read through the blank line that ends the head; returns (head, bytes already read after it)."""
-    data = b""
+def read_head(conn: socket.socket, data: bytes = b"") -> tuple[bytes, bytes]:
+    """Read through the blank line that ends the head (``data``: what was read of it already);
+    returns (head, bytes already read after it)."""
     conn.settimeout(HEAD_TIMEOUT_S)
     try:
         while b"\r\n\r\n" not in data:
@@ -121,7 +125,104 @@ def response(status: int, reason: str, text: str = "") -> bytes:
     return head.encode() + body
 
 
+def _preamble_length(data: bytes) -> int:
+    (length,) = _PREAMBLE_LENGTH.unpack_from(data)
+    if length > MAX_PREAMBLE_BYTES:
+        raise BadRequest(f"the request head is larger than {MAX_HEAD_BYTES // 1024} KiB")
+    return int(length)
+
+
+def serve_each(listener: socket.socket, serve: Callable[[socket.socket], None]) -> None:
+    """Accept connections on ``listener`` until it is closed; ``serve`` each on a thread of its own.
+
+    The thread that accepted a connection serves it, and a new thread takes over accepting
+    (leader and follower): a request never waits for a thread to be started and scheduled, which on
+    a busy machine cost more than the request itself. The new thread is not awaited either
+    (``threading.Thread.start`` waits for it to run)."""
+    while True:
+        try:
+            conn, _ = listener.accept()
+        except OSError:
+            return
+        try:
+            _thread.start_new_thread(serve_each, (listener, serve))
+        except RuntimeError:  # no thread to be had: serve this one, then go on accepting here
+            serve(conn)
+            continue
+        serve(conn)
+        return
+
+
 TUNNEL_ESTABLISHED = b"HTTP/1.1 200 Connection established\r\n\r\n"
+
+# The relay hands the host the client's connection itself (SCM_RIGHTS), with the bytes it read of it:
+# the host then answers the client directly, and no process between them copies a byte. The preamble
+# (head and what came with it) ends where the relay closes the unix connection.
+MAX_HANDED_FDS = 4  # any more than one is closed unread
+MAX_PREAMBLE_BYTES = 2 * MAX_HEAD_BYTES + 65536
+
+
+_PREAMBLE_LENGTH = struct.Struct("!I")
+
+
+def hand_over(upstream: socket.socket, conn: socket.socket, data: bytes) -> None:
+    """(the relay) Give ``conn`` and what was read of it to the host, over the unix ``upstream``: the
+    length first, so that the host knows it has it all without waiting for this end to close."""
+    message = _PREAMBLE_LENGTH.pack(len(data)) + data
+    sent = socket.send_fds(upstream, [message], [conn.fileno()])
+    if sent < len(message):
+        upstream.sendall(message[sent:])
+
+
+def handed_over(conn: socket.socket) -> tuple[socket.socket, bytes]:
+    """(the host) The connection to serve and the bytes already read of it: the client's own, when the
+    relay handed it over, or else ``conn`` itself (a client speaking on the unix socket directly).
+
+    Whatever the sender passed, only a stream socket is served; anything else is refused, and every
+    descriptor received is closed or owned by the returned socket."""
+    conn.settimeout(HEAD_TIMEOUT_S)
+    try:
+        try:
+            data, fds, _flags, _address = socket.recv_fds(conn, 65536, MAX_HANDED_FDS)
+        except TimeoutError:
+            raise BadRequest(f"no complete request head within {HEAD_TIMEOUT_S:.0f} s") from None
+        if not fds:
+            return conn, data
+        handed, *extra = fds
+        for fd in extra:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        try:
+            client = socket.socket(fileno=handed)
+        except OSError:
+            os.close(handed)
+            raise BadRequest("what was handed over is not a socket") from None
+        if client.type != socket.SOCK_STREAM:
+            client.close()
+            raise BadRequest("what was handed over is not a stream socket")
+        try:
+            while len(data) < _PREAMBLE_LENGTH.size or len(data) < _PREAMBLE_LENGTH.size + _preamble_length(data):
+                chunk = conn.recv(65536)
+                if not chunk:
+                    raise BadRequest("the relay's connection closed before the request head ended")
+                data += chunk
+            length = _preamble_length(data)
+            if len(data) != _PREAMBLE_LENGTH.size + length:
+                raise BadRequest("more bytes came with the handed-over connection than its length said")
+        except TimeoutError:
+            client.close()
+            raise BadRequest(f"no complete request head within {HEAD_TIMEOUT_S:.0f} s") from None
+        except BadRequest:
+            client.close()
+            raise
+        data = data[_PREAMBLE_LENGTH.size :]
+        client.settimeout(None)  # blocking, whatever the sender set on it
+        with contextlib.suppress(OSError):
+            conn.close()
+        return client, data
+    finally:
+        with contextlib.suppress(OSError):
+            conn.settimeout(None)
 
 
 def splice(a: socket.socket, b: socket.socket) -> None:
