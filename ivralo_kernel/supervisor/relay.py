@@ -21,7 +21,6 @@ import contextlib
 import os
 import socket
 import sys
-import threading
 
 from ivralo_kernel.protocol.network.egress import is_loopback
 from ivralo_kernel.protocol.network.proxying import (
@@ -61,7 +60,7 @@ class Relay:
 
     def start(self) -> None:
         for listener in self._listeners:
-            threading.Thread(target=self._accept, args=(listener,), name="ivralo-relay", daemon=True).start()
+            serve_each(listener, self._serve, "ivralo-relay")
 
     def close(self) -> None:
         """Stop listening (the supervisor's relay lives as long as the sandbox; a test's, less)."""
@@ -70,9 +69,6 @@ class Relay:
                 listener.shutdown(socket.SHUT_RDWR)
             with contextlib.suppress(OSError):
                 listener.close()
-
-    def _accept(self, listener: socket.socket) -> None:
-        serve_each(listener, self._serve)
 
     def _serve(self, conn: socket.socket) -> None:
         """One connection; whatever the client sent, never a traceback on the kernel's stderr."""

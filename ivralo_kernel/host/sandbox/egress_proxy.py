@@ -18,7 +18,6 @@ import contextlib
 import logging
 import os
 import socket
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -75,7 +74,7 @@ class EgressProxy:
         self._decide = decide
 
     def start(self) -> None:
-        threading.Thread(target=self._accept, name="ivralo-egress-proxy", daemon=True).start()
+        serve_each(self._listener, self._serve, "ivralo-egress")
 
     def close(self) -> None:
         self._closed = True
@@ -85,9 +84,6 @@ class EgressProxy:
             self._listener.close()
         with contextlib.suppress(OSError):
             os.unlink(self.path)
-
-    def _accept(self) -> None:
-        serve_each(self._listener, self._serve)
 
     def _serve(self, conn: socket.socket) -> None:
         """One connection, from its head to its end. Whatever the client sent, it gets an answer and

@@ -7,12 +7,12 @@ The host's egress proxy and the sandbox's relay both read the first bytes of a c
 
 from __future__ import annotations
 
-import _thread
 import contextlib
 import os
 import select
 import socket
 import struct
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -132,25 +132,56 @@ def _preamble_length(data: bytes) -> int:
     return int(length)
 
 
-def serve_each(listener: socket.socket, serve: Callable[[socket.socket], None]) -> None:
-    """Accept connections on ``listener`` until it is closed; ``serve`` each on a thread of its own.
+SPARE_ACCEPTORS = 2  # threads kept waiting in accept(), so that a request never waits for one to start
 
-    The thread that accepted a connection serves it, and a new thread takes over accepting
-    (leader and follower): a request never waits for a thread to be started and scheduled, which on
-    a busy machine cost more than the request itself. The new thread is not awaited either
-    (``threading.Thread.start`` waits for it to run)."""
-    while True:
+
+def serve_each(listener: socket.socket, serve: Callable[[socket.socket], None], name: str) -> None:
+    """Accept connections on ``listener`` until it is closed, and ``serve`` each on a thread of its own.
+
+    Threads wait in ``accept()`` side by side (Linux wakes one per connection), and the thread that
+    accepted a connection serves it: a request never waits for a thread to be started and
+    scheduled, which on a busy machine cost more than the request itself. A new thread is started
+    only when none is left waiting (a long tunnel holds its thread), and a thread that finds enough
+    others waiting after its connection ends, ends."""
+    Acceptors(listener, serve, name).start()
+
+
+class Acceptors:
+    def __init__(self, listener: socket.socket, serve: Callable[[socket.socket], None], name: str) -> None:
+        self.listener, self.serve, self.name = listener, serve, name
+        self._lock = threading.Lock()
+        self._waiting = 0
+
+    def start(self) -> None:
+        for _ in range(SPARE_ACCEPTORS):
+            self._spawn()
+
+    def _spawn(self) -> bool:
         try:
-            conn, _ = listener.accept()
-        except OSError:
-            return
-        try:
-            _thread.start_new_thread(serve_each, (listener, serve))
-        except RuntimeError:  # no thread to be had: serve this one, then go on accepting here
-            serve(conn)
-            continue
-        serve(conn)
-        return
+            threading.Thread(target=self._run, name=self.name, daemon=True).start()
+        except RuntimeError:  # no thread to be had: the ones there are go on
+            return False
+        return True
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                self._waiting += 1
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:  # closed
+                with self._lock:
+                    self._waiting -= 1
+                return
+            with self._lock:
+                self._waiting -= 1
+                alone = self._waiting == 0
+            if alone:
+                self._spawn()
+            self.serve(conn)
+            with self._lock:
+                if self._waiting >= SPARE_ACCEPTORS:
+                    return
 
 
 TUNNEL_ESTABLISHED = b"HTTP/1.1 200 Connection established\r\n\r\n"
