@@ -75,11 +75,8 @@ class KernelWatch:
         process = self.process
         if process is None:
             return
-        # Straight to the kernel's own sockets when the clients' go through the relay: the broker's
-        # requests (IOPub) and answers (control) do not take the relay's hop each way.
-        kernel_side = self.resources.kernel_side if self.resources.relay is not None else None
         self.resources.watchdog = Watchdog(
-            dict(kernel_side or self.connection_info),
+            dict(self.connection_info),
             process.pid,
             self.watchdog_settings(),
             self.kill_tree_now,
