@@ -240,3 +240,45 @@ def test_what_is_handed_to_the_proxy_is_served_only_if_it_is_a_stream_socket(
     while open_fds() != before and time.monotonic() < deadline:
         time.sleep(0.01)  # the serving thread closes its copies just after answering
     assert open_fds() == before, "the proxy kept a descriptor it was handed"
+
+
+def test_one_thread_splices_both_ways_at_once_and_ends_with_both() -> None:
+    """The splice moves both ways on one thread: 8 MiB each way at the same time (more than any
+    socket buffer, so a loop that blocked on one way would stop the other), and a half-close each
+    side (the end of a request body, then of the response) ends it, with every byte through."""
+    from ivralo_kernel.protocol.network.proxying import splice
+
+    size = 8 << 20
+    payload = {"a": os.urandom(size), "b": os.urandom(size)}
+    a_out, a_in = socket.socketpair()
+    b_out, b_in = socket.socketpair()
+    got: dict[str, bytes] = {}
+
+    def send(s: socket.socket, data: bytes) -> None:
+        s.sendall(data)
+        s.shutdown(socket.SHUT_WR)
+
+    def receive(s: socket.socket, key: str) -> None:
+        chunks = []
+        while chunk := s.recv(1 << 16):
+            chunks.append(chunk)
+        got[key] = b"".join(chunks)
+
+    threads = [
+        threading.Thread(target=splice, args=(a_in, b_in), daemon=True),
+        threading.Thread(target=send, args=(a_out, payload["a"]), daemon=True),
+        threading.Thread(target=send, args=(b_out, payload["b"]), daemon=True),
+        threading.Thread(target=receive, args=(b_out, "a"), daemon=True),  # what a sent arrives at b
+        threading.Thread(target=receive, args=(a_out, "b"), daemon=True),
+    ]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        assert not any(t.is_alive() for t in threads), "the splice stalled"
+        assert got == payload, {k: len(v) for k, v in got.items()}
+        assert a_in.fileno() == -1 and b_in.fileno() == -1, "the splice closes both of its sockets"
+    finally:
+        for s in (a_out, b_out, a_in, b_in):
+            s.close()
