@@ -4,6 +4,8 @@ line and field."""
 from __future__ import annotations
 
 import json
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -92,3 +94,47 @@ def test_the_loopback_keyword_allows_all_of_loopback_and_nothing_else(tmp_path: 
     for host in ("example.com", "localhost.example.com", "128.0.0.1", "::2"):  # strings only: nothing is reached
         assert policy.judge(host, 8080)[0] is None, host
     assert policy.connect_ports() == (8080,)
+
+
+def settled(path: Path) -> None:
+    """Until the file's stamp may be cached (its status older than SETTLED_NS), under a deadline."""
+    from ivralo_kernel.host.settings.workspace_files import stamp
+
+    deadline = time.monotonic() + 10
+    while stamp(path) is False:
+        assert time.monotonic() < deadline, f"{path}'s stamp never settled"
+        time.sleep(0.01)
+
+
+def test_a_cached_policy_and_digest_still_see_every_change(workspace: Path, home: Path) -> None:
+    """The host reads permissions.json again only when its stamp moved (the proxy judges every
+    request). A change the stamp could miss is still seen: the person's edit of the same size at
+    once, and a rewrite that puts the mtime back (as code in a kernel can) sets the file aside."""
+    from ivralo_kernel.host.sandbox.egress import EgressDesk
+    from ivralo_kernel.host.settings.workspace_files import PERMISSIONS, WorkspaceFiles
+
+    path = write(workspace, '{"hosts": {"allow": ["aaa.example.com"]}}')
+    files = WorkspaceFiles(str(workspace))
+    files.begin()  # noted, not protected: the kernel could write it (no sandbox)
+    try:
+        desk = EgressDesk(str(workspace), trusted=True, files=files)
+        settled(path)
+        assert desk.policy().judge("aaa.example.com", 443)[0] is True
+        assert desk.policy() is desk.policy(), "an unchanged file is not parsed again"
+        # The host's own write (an "always") is the noted content: used, and not set aside.
+        with files.host_writes(PERMISSIONS):
+            path.write_text('{"hosts": {"allow": ["bbb.example.com"]}}')  # the same size, in place
+        assert desk.policy().judge("bbb.example.com", 443)[0] is True, "a change within the same tick is seen"
+        assert desk.policy().judge("aaa.example.com", 443)[0] is None
+        settled(path)
+        assert desk.policy().judge("bbb.example.com", 443)[0] is True
+        # Another writer (the kernel) rewrites it, the same size, and puts the old mtime back.
+        before = path.stat()
+        path.write_text('{"hosts": {"allow": ["ccc.example.com"]}}')
+        os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+        assert path.stat().st_size == before.st_size and path.stat().st_mtime_ns == before.st_mtime_ns
+        assert desk.policy().judge("ccc.example.com", 443)[0] is None, "the kernel's rewrite is not used"
+        assert desk.policy().judge("bbb.example.com", 443)[0] is None
+        assert PERMISSIONS in files.ignored
+    finally:
+        files.end()

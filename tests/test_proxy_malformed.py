@@ -10,9 +10,12 @@ socket and on a loopback port); no request leaves loopback, and none is allowed 
 from __future__ import annotations
 
 import logging
+import os
 import socket
+import struct
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -176,3 +179,106 @@ def test_a_head_that_never_comes_is_answered_in_time(
 
 if sys.platform != "linux":  # pragma: no cover - the sandbox is Linux's
     pytest.skip("Linux only", allow_module_level=True)
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def hand(path: str, fds: list[int], data: bytes) -> bytes:
+    """Connect to the proxy's unix socket as the relay does, hand it ``fds`` with ``data``; its answer on
+    the unix connection (empty when it answered on the descriptor handed over instead)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(20)
+        s.connect(path)
+        socket.send_fds(s, [data], fds)
+        s.shutdown(socket.SHUT_WR)
+        answer = b""
+        while chunk := s.recv(65536):
+            answer += chunk
+        return answer
+
+
+def test_what_is_handed_to_the_proxy_is_served_only_if_it_is_a_stream_socket(
+    proxy: tuple[EgressProxy, list[tuple[str, int]]], trouble: Trouble
+) -> None:
+    """The relay hands the host the client's connection itself (SCM_RIGHTS). Code in the sandbox can
+    reach the same unix socket and hand it anything: a pipe, a datagram socket, several descriptors,
+    a length that lies. Each is a 400 on the unix connection, nothing is decided, and the host keeps
+    no descriptor it was given; a stream socket is answered on that socket, and judged as ever."""
+    server, asked = proxy
+    head = b"GET http://localhost:1/ HTTP/1.1\r\nHost: localhost\r\n\r\n"
+    framed = struct.pack("!I", len(head)) + head
+    before = open_fds()
+    r, w = os.pipe()
+    datagram = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    a, b = socket.socketpair()
+    try:
+        for case, fds, data in (
+            ("a pipe", [r], framed),
+            ("a datagram socket", [datagram.fileno()], framed),
+            ("a length that lies", [a.fileno()], struct.pack("!I", len(head) - 5) + head),
+            ("a length beyond the cap", [a.fileno()], struct.pack("!I", 1 << 30) + head),
+        ):
+            assert_clean_400(hand(server.path, fds, data), trouble, case)
+        assert asked == [], "nothing handed over badly is decided"
+        # A stream socket, with a second descriptor that must be closed unread: served on the socket.
+        assert hand(server.path, [a.fileno(), w], framed) == b""
+        a.close()  # the proxy's copy is the last: its close ends the answer
+        b.settimeout(20)
+        answer = b""
+        while chunk := b.recv(65536):
+            answer += chunk
+        assert answer.startswith(b"HTTP/1.1 403 Forbidden by ivralo: localhost refused (nobody to ask)"), answer[:200]
+        assert asked == [("localhost", 1)]
+    finally:
+        for fd in (r, w):
+            os.close(fd)
+        for s in (datagram, a, b):
+            s.close()
+    deadline = time.monotonic() + 10
+    while open_fds() != before and time.monotonic() < deadline:
+        time.sleep(0.01)  # the serving thread closes its copies just after answering
+    assert open_fds() == before, "the proxy kept a descriptor it was handed"
+
+
+def test_one_thread_splices_both_ways_at_once_and_ends_with_both() -> None:
+    """The splice moves both ways on one thread: 8 MiB each way at the same time (more than any
+    socket buffer, so a loop that blocked on one way would stop the other), and a half-close each
+    side (the end of a request body, then of the response) ends it, with every byte through."""
+    from ivralo_kernel.protocol.network.proxying import splice
+
+    size = 8 << 20
+    payload = {"a": os.urandom(size), "b": os.urandom(size)}
+    a_out, a_in = socket.socketpair()
+    b_out, b_in = socket.socketpair()
+    got: dict[str, bytes] = {}
+
+    def send(s: socket.socket, data: bytes) -> None:
+        s.sendall(data)
+        s.shutdown(socket.SHUT_WR)
+
+    def receive(s: socket.socket, key: str) -> None:
+        chunks = []
+        while chunk := s.recv(1 << 16):
+            chunks.append(chunk)
+        got[key] = b"".join(chunks)
+
+    threads = [
+        threading.Thread(target=splice, args=(a_in, b_in), daemon=True),
+        threading.Thread(target=send, args=(a_out, payload["a"]), daemon=True),
+        threading.Thread(target=send, args=(b_out, payload["b"]), daemon=True),
+        threading.Thread(target=receive, args=(b_out, "a"), daemon=True),  # what a sent arrives at b
+        threading.Thread(target=receive, args=(a_out, "b"), daemon=True),
+    ]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        assert not any(t.is_alive() for t in threads), "the splice stalled"
+        assert got == payload, {k: len(v) for k, v in got.items()}
+        assert a_in.fileno() == -1 and b_in.fileno() == -1, "the splice closes both of its sockets"
+    finally:
+        for s in (a_out, b_out, a_in, b_in):
+            s.close()

@@ -21,15 +21,16 @@ import contextlib
 import os
 import socket
 import sys
-import threading
 
 from ivralo_kernel.protocol.network.egress import is_loopback
 from ivralo_kernel.protocol.network.proxying import (
     TUNNEL_ESTABLISHED,
     BadRequest,
+    hand_over,
     parse_head,
     read_head,
     response,
+    serve_each,
     splice,
 )
 
@@ -59,7 +60,7 @@ class Relay:
 
     def start(self) -> None:
         for listener in self._listeners:
-            threading.Thread(target=self._accept, args=(listener,), name="ivralo-relay", daemon=True).start()
+            serve_each(listener, self._serve, "ivralo-relay")
 
     def close(self) -> None:
         """Stop listening (the supervisor's relay lives as long as the sandbox; a test's, less)."""
@@ -68,14 +69,6 @@ class Relay:
                 listener.shutdown(socket.SHUT_RDWR)
             with contextlib.suppress(OSError):
                 listener.close()
-
-    def _accept(self, listener: socket.socket) -> None:
-        while True:
-            try:
-                conn, _ = listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(conn,), name="ivralo-relay-conn", daemon=True).start()
 
     def _serve(self, conn: socket.socket) -> None:
         """One connection; whatever the client sent, never a traceback on the kernel's stderr."""
@@ -107,17 +100,21 @@ class Relay:
                     local.sendall(rest)
             splice(conn, local)
             return
+        upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             upstream.connect(self.upstream)
-            upstream.sendall(head + rest)
+            # The connection itself goes to the host, which judges the request and answers the client
+            # directly: no byte of it passes through this process again.
+            hand_over(upstream, conn, head + rest)
         except OSError as exc:
             with contextlib.suppress(OSError):
                 text = f"ivralo relay: the host's egress proxy is not answering ({exc.strerror or exc})"
                 conn.sendall(response(502, "Bad Gateway", text))
-                conn.close()
             return
-        splice(conn, upstream)
+        finally:
+            for s in (upstream, conn):
+                with contextlib.suppress(OSError):
+                    s.close()
 
     def _inside(self, host: str, port: int) -> socket.socket | None:
         """A connection to a server inside the sandbox on that port, if the request means one."""

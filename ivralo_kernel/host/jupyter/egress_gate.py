@@ -10,7 +10,6 @@ with ``serve`` (its own ports, its own people, from then on).
 
 from __future__ import annotations
 
-import glob
 import ipaddress
 import json
 import os
@@ -23,6 +22,7 @@ import psutil
 
 from ivralo_kernel.host.sandbox.egress_notes import NOTE_WAIT_S, EgressNotes
 from ivralo_kernel.host.sandbox.egress_proxy import EgressProxy, Verdict
+from ivralo_kernel.host.settings.workspace_files import Stamp, stamp
 from ivralo_kernel.protocol import names
 
 if TYPE_CHECKING:
@@ -52,6 +52,9 @@ class GatedKernel(Protocol):
 class EgressGate:
     def __init__(self, socket_path: str, kernel: GatedKernel) -> None:
         self._kernel = kernel
+        self._folders: dict[str, tuple[Stamp | bool, list[str]]] = {}  # folder -> (its stamp, its connection files)
+        self._files: dict[str, tuple[Stamp | bool, set[int]]] = {}  # connection file -> (its stamp, its ports)
+        self._files_lock = threading.Lock()  # the proxy serves each connection on a thread of its own
         self.notes: EgressNotes | None = None  # the cell's own line about each decision (set with the watchdog)
         self.proxy = EgressProxy(socket_path, self.decide, self.closed_peer)
         self.proxy.start()
@@ -119,20 +122,71 @@ class EgressGate:
         return None
 
     def _runtime_ports(self) -> set[int]:
-        """The TCP ports in the connection files of Jupyter's runtime folder (every kernel's here)."""
+        """The TCP ports in the connection files of Jupyter's runtime folder (every kernel's here).
+        A folder is listed again, and a file read again, only when its stamp moved (asked twice for
+        every request the proxy serves)."""
+        folders = {_runtime_dir(), os.path.dirname(self._kernel.clients_connection_file())}
+        with self._files_lock:
+            return self._ports_of(folders)
+
+    def _ports_of(self, folders: set[str]) -> set[int]:
+        ports: set[int] = set()
+        for path in (p for folder in folders if folder for p in self._connection_files(folder)):
+            seen = stamp(path)
+            cached = self._files.get(path)
+            if seen is not False and cached is not None and cached[0] == seen:
+                ports |= cached[1]
+                continue
+            found = _ports_in(path)
+            ports |= found
+            if seen is not False:
+                self._files[path] = (seen, found)
+        return ports
+
+    def _connection_files(self, folder: str) -> list[str]:
+        seen = stamp(folder)  # a name added, removed or renamed moves the folder's mtime
+        cached = self._folders.get(folder)
+        if seen is not False and cached is not None and cached[0] == seen:
+            return cached[1]
+        try:  # glob's pattern matching, for a prefix and a suffix, took 150 us in a busy /tmp
+            with os.scandir(folder) as entries:
+                found = [e.path for e in entries if e.name.startswith("kernel-") and e.name.endswith(".json")]
+        except OSError:
+            found = []
+        if seen is not False:
+            self._folders[folder] = (seen, found)
+            kept = set(found)
+            self._files = {
+                path: v for path, v in self._files.items() if os.path.dirname(path) != folder or path in kept
+            }
+        return found
+
+
+# What jupyter_core's runtime folder follows (it resolves the home folder each time: 70 us, twice a
+# request); the folder is worked out again when one of them changes.
+_RUNTIME_DIR_VARIABLES = ("JUPYTER_RUNTIME_DIR", "JUPYTER_DATA_DIR", "JUPYTER_PLATFORM_DIRS", "XDG_DATA_HOME", "HOME")
+_runtime_dirs: dict[tuple[str | None, ...], str] = {}
+
+
+def _runtime_dir() -> str:
+    key = tuple(os.environ.get(name) for name in _RUNTIME_DIR_VARIABLES)
+    folder = _runtime_dirs.get(key)
+    if folder is None:
         from jupyter_core.paths import jupyter_runtime_dir
 
-        folders = {jupyter_runtime_dir(), os.path.dirname(self._kernel.clients_connection_file())}
-        ports: set[int] = set()
-        for path in (p for folder in folders if folder for p in glob.glob(os.path.join(folder, "kernel-*.json"))):
-            try:
-                with open(path, encoding="utf-8") as f:
-                    info = json.load(f)
-            except (OSError, ValueError):
-                continue
-            if isinstance(info, dict) and info.get("transport", "tcp") == "tcp":
-                ports |= {port for c in CHANNEL_NAMES if isinstance(port := info.get(f"{c}_port"), int)}
-        return ports
+        folder = _runtime_dirs[key] = jupyter_runtime_dir()
+    return folder
+
+
+def _ports_in(path: str) -> set[int]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            info = json.load(f)
+    except (OSError, ValueError):
+        return set()
+    if isinstance(info, dict) and info.get("transport", "tcp") == "tcp":
+        return {port for c in CHANNEL_NAMES if isinstance(port := info.get(f"{c}_port"), int)}
+    return set()
 
 
 def on_this_machine(address: str) -> bool:

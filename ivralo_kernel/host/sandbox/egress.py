@@ -27,8 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from ivralo_kernel.host.sandbox.person_question import ask_until_chosen
-from ivralo_kernel.host.settings.workspace_files import PERMISSIONS, WorkspaceFiles
+from ivralo_kernel.host.settings.workspace_files import PERMISSIONS, WorkspaceFiles, stamp
 from ivralo_kernel.protocol import names
+from ivralo_kernel.protocol.credentials import config_home
 from ivralo_kernel.protocol.messages import BrokerAnswer
 from ivralo_kernel.protocol.network.egress import (
     ALWAYS_RECORDED,
@@ -130,10 +131,22 @@ class EgressDesk:
         self._granted: dict[str, bool] = {}  # answers given for this worker's life
         self._open: dict[str, Future[Decision]] = {}  # host -> the proxy's open question about it
         self._lock = threading.Lock()
+        self._policy: tuple[object, EgressPolicy] | None = None  # (the files' stamps, their policy)
 
     def policy(self) -> EgressPolicy:
+        """The allow list as the files say now. Read again only when a file's stamp moved (the proxy
+        judges every request: parsing both files each time was a tenth of a proxied request)."""
         usable = self.files is None or self.files.usable(PERMISSIONS)
-        return load_egress_policy(self.workspace, os.environ, include_workspace=usable)
+        paths = [Path(self.workspace) / names.STATE_DIR / PERMISSIONS_FILE] if usable else []
+        paths.append(config_home(os.environ) / PERMISSIONS_FILE)
+        stamps = tuple((str(path), stamp(path)) for path in paths)  # before the read: a later change moves them
+        cached = self._policy
+        if cached is not None and cached[0] == stamps:
+            return cached[1]
+        policy = load_egress_policy(self.workspace, os.environ, include_workspace=usable)
+        if all(seen is not False for _, seen in stamps):
+            self._policy = (stamps, policy)
+        return policy
 
     @property
     def choices(self) -> tuple[str, ...]:

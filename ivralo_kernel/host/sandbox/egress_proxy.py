@@ -18,7 +18,6 @@ import contextlib
 import logging
 import os
 import socket
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,9 +28,11 @@ from ivralo_kernel.protocol.network.proxying import (
     TUNNEL_ESTABLISHED,
     BadRequest,
     ProxyRequest,
+    handed_over,
     parse_head,
     read_head,
     response,
+    serve_each,
     splice,
 )
 from ivralo_kernel.protocol.terminal import terminal_safe
@@ -73,7 +74,7 @@ class EgressProxy:
         self._decide = decide
 
     def start(self) -> None:
-        threading.Thread(target=self._accept, name="ivralo-egress-proxy", daemon=True).start()
+        serve_each(self._listener, self._serve, "ivralo-egress")
 
     def close(self) -> None:
         self._closed = True
@@ -84,26 +85,23 @@ class EgressProxy:
         with contextlib.suppress(OSError):
             os.unlink(self.path)
 
-    def _accept(self) -> None:
-        while not self._closed:
-            try:
-                conn, _ = self._listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(conn,), name="ivralo-egress", daemon=True).start()
-
     def _serve(self, conn: socket.socket) -> None:
         """One connection, from its head to its end. Whatever the client sent, it gets an answer and
         the host's log a line at most: never a traceback (the bytes are the kernel's to choose)."""
         try:
-            self._serve_one(conn)
+            try:
+                conn, data = handed_over(conn)
+            except (BadRequest, OSError) as exc:
+                self._answer(conn, 400, "Bad Request", f"ivralo egress proxy: {exc}")
+                return
+            self._serve_one(conn, data)
         except Exception as exc:  # noqa: BLE001 - a connection's failure is that connection's alone
             log.warning("ivralo egress proxy: a connection failed (%s)", terminal_safe(f"{type(exc).__name__}: {exc}"))
             self._answer(conn, 500, "Internal Server Error", "ivralo egress proxy: the request could not be served")
 
-    def _serve_one(self, conn: socket.socket) -> None:
+    def _serve_one(self, conn: socket.socket, data: bytes = b"") -> None:
         try:
-            head, rest = read_head(conn)
+            head, rest = read_head(conn, data)
             request = parse_head(head)
         except (BadRequest, OSError) as exc:
             self._answer(conn, 400, "Bad Request", f"ivralo egress proxy: {exc}")

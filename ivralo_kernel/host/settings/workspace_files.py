@@ -28,6 +28,7 @@ import hashlib
 import json
 import os
 import threading
+import time
 import uuid
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -52,6 +53,30 @@ def digest(path: Path) -> str:
         return "unreadable"
 
 
+# What ``stamp`` returns: (device, inode, size, mtime, ctime), None for a missing file.
+Stamp = tuple[int, int, int, int, int] | None
+# A file whose status changed less than this long ago may change again within the same timestamp
+# tick without its stamp showing it (Linux stamps files from a coarse clock: one tick, 10 ms at most),
+# so it is not cached until it is older. Any change after that moves its ctime past the cached one.
+SETTLED_NS = 100_000_000
+
+
+def stamp(path: str | os.PathLike[str]) -> Stamp | bool:
+    """What tells a read of ``path`` from the next one without reading it: None when it is missing;
+    False when it cannot be told (it cannot be stat'ed, or it changed too recently: see
+    ``settled``), so the caller reads it afresh. The ctime is in it because nothing outside the
+    kernel's own clock sets it: code that rewrites a file and puts its mtime back still moves it."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    except OSError:
+        return False
+    if time.time_ns() - st.st_ctime_ns < SETTLED_NS:
+        return False
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
 def changed_line(rel: str, workspace: str) -> str:
     return (
         f"{rel} was changed while a kernel of this workspace ran (code in it can write there), so it "
@@ -71,6 +96,8 @@ class WorkspaceFiles:
         self.lines: list[str] = []
         self._noted: dict[str, str] = {}
         self._protected: frozenset[str] = frozenset()
+        # rel -> the settled stamp under which its digest last matched the noted one
+        self._verified: dict[str, Stamp | bool] = {}
 
     def _path(self, rel: str) -> Path:
         return Path(self.workspace, rel)
@@ -112,10 +139,18 @@ class WorkspaceFiles:
         with self._lock:
             if rel in self.ignored:
                 return False
-            if rel in self._noted and digest(self._path(rel)) != self._noted[rel]:
+            if rel not in self._noted:
+                return True
+            # Digested again only when its stamp moved (or cannot be trusted): the digest of a file
+            # the host reads at each request was most of what judging a request cost.
+            seen = stamp(self._path(rel))
+            if seen is not False and self._verified.get(rel, False) == seen:
+                return True
+            if digest(self._path(rel)) != self._noted[rel]:
                 self.ignored.add(rel)
                 self.lines.append(changed_line(rel, self.workspace))
                 return False
+            self._verified[rel] = seen  # taken before the digest: a change after it moves the stamp
             return True
 
     @contextlib.contextmanager
@@ -128,6 +163,7 @@ class WorkspaceFiles:
             if rel in self._protected:
                 return
             self._noted[rel] = digest(self._path(rel))
+            self._verified.pop(rel, None)
         with self._records() as records:
             running = records.get(self.workspace, {}).get("running", {})
             if self._tag in running:
