@@ -216,6 +216,44 @@ async def test_malformed_iopub_messages_do_not_stop_the_watchdog(workspace: Path
         await manager.shutdown_kernel(now=True)
 
 
+def test_a_kill_time_left_for_a_crashed_kernel_does_not_end_its_restart(workspace: Path) -> None:
+    """jupyter_server's restarter restarts a crashed kernel on the same host pipe. A kill time the
+    host wrote there for the crashed kernel's execution (which its supervisor never read: it was gone)
+    is not the new kernel's: its cell is interrupted at its own deadline, never killed before it.
+    (The soak saw it: a lab kernel restarted after a crash was ended within seconds, variables lost.)"""
+    from jupyter_client.manager import KernelManager
+
+    from ivralo_kernel.protocol.pipe import KillAt, encode
+
+    km = KernelManager(kernel_name="ivralo")
+    km.kernel_spec.metadata["kernel_provisioner"]["config"].update(
+        {"deadline_ms": DEADLINE_MS, "interrupt_grace_ms": GRACE_MS}
+    )
+    km.start_kernel(cwd=str(workspace))
+    try:
+        crashing = km.client()
+        crashing.start_channels()
+        crashing.wait_for_ready(timeout=60)
+        crashing.execute("import os; os._exit(1)")  # the crash
+        wait_until(lambda: not km.is_alive(), 30, "the kernel's crash")
+        crashing.stop_channels()
+        # What the crashed kernel's watchdog may leave on the pipe: a kill time that falls inside the
+        # next kernel's first long cell (its restart takes about a second), before that cell's deadline.
+        stale = encode(KillAt("the-crashed-kernels-cell", time.monotonic() + 2.5))
+        os.write(km.provisioner._host_pipe[1], stale)  # type: ignore[union-attr]
+        km.restart_kernel(now=True, newports=True)
+        kc = km.client()
+        kc.start_channels()
+        kc.wait_for_ready(timeout=60)
+        execute(kc, "kept = 'the same kernel'")
+        result = execute(kc, "import time\ntime.sleep(4)\nprint('slept')", timeout=30)
+        assert result.reply["content"].get("ename") == "KeyboardInterrupt", result.reply["content"]
+        assert execute(kc, "print(kept)").stdout == "the same kernel\n", "the kernel was ended and replaced"
+        kc.stop_channels()
+    finally:
+        km.shutdown_kernel(now=True)
+
+
 # A short sleep first lets the kernel's IOPub thread publish "busy" before native code takes the
 # GIL, so the host watchdog sees the execution and its escalation path can be asserted.
 NATIVE_AFTER_START = "import time\ntime.sleep(0.2)\nsum(range(10**11))"

@@ -200,6 +200,12 @@ def _host_pipe() -> int | None:
         os.set_blocking(fd, False)
     except (ValueError, OSError):
         return None
+    # The host keeps one pipe for every kernel of a launch (a restart, a replacement): what is in it
+    # now was written for the kernel before this one (a kill time for an execution of a kernel that
+    # crashed). No execution of ours exists yet, so none of it is ours: left, it would end our tree.
+    with contextlib.suppress(BlockingIOError, OSError):
+        while os.read(fd, 65536):
+            pass
     return fd
 
 
