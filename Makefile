@@ -88,8 +88,9 @@ bench-smoke: $(VENV)/.installed-test
 # Results in bench/results/<UTC>-soak/. CI runs a two-minute version (tests/test_soak.py).
 N ?= 8
 M ?= 10
+SOAK_ARGS ?=
 soak: $(VENV)/.installed-test
-	$(PY) bench/soak.py --sessions $(N) --minutes $(M)
+	$(PY) bench/soak.py --sessions $(N) --minutes $(M) $(SOAK_ARGS)
 
 clean:
 	rm -rf $(VENV) $(EG_VENV) .pytest_cache .mypy_cache .ruff_cache bench/results
