@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 
-.PHONY: demo test test-fast lab console lint bench bench-smoke install clean
+.PHONY: demo test test-fast lab console lint bench bench-smoke soak install clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -82,6 +82,15 @@ bench: $(VENV)/.installed-test
 # ran and wrote its files (CI runs it after the tests).
 bench-smoke: $(VENV)/.installed-test
 	$(PY) bench/harness.py --size smoke
+
+# The soak (issue 30): N agent sessions plus a jupyter_server's kernels over its websocket, for M
+# minutes of mixed calls and faults; fails on a hang, a leaked process, folder or fd, or RSS growth.
+# Results in bench/results/<UTC>-soak/. CI runs a two-minute version (tests/test_soak.py).
+N ?= 8
+M ?= 10
+SOAK_ARGS ?=
+soak: $(VENV)/.installed-test
+	$(PY) bench/soak.py --sessions $(N) --minutes $(M) $(SOAK_ARGS)
 
 clean:
 	rm -rf $(VENV) $(EG_VENV) .pytest_cache .mypy_cache .ruff_cache bench/results
