@@ -314,8 +314,10 @@ def main(argv: list[str] | None = None) -> int:
     os.set_inheritable(stage_w, True)
     stderr = _StderrRelay()
     tmp = _private_tmp()  # the kernel's private temp folder; removed below
-    # Stamped as ours: after a SIGKILL (no removal below), the next host's start sweeps it.
-    tmp_stamp = stamp_folder(tmp)
+    # Without a sandbox the folder is on the host's /tmp: stamped as ours, so that after a SIGKILL (no
+    # removal below) the next host's start sweeps it. In the sandbox, /tmp is the sandbox's own tmpfs.
+    sandboxed = os.environ.get(names.ENV_SANDBOX) == names.SANDBOX_BWRAP
+    tmp_stamp = None if sandboxed else stamp_folder(tmp)
     relay = _egress_relay()
     kernel_env = _kernel_env(workspace, stage_w, tmp)
     if relay is not None:  # the port it listens on, for the kernel's proxy variables and Landlock's TCP rule
@@ -409,7 +411,8 @@ def main(argv: list[str] | None = None) -> int:
     import shutil
 
     shutil.rmtree(tmp, ignore_errors=True)
-    os.close(tmp_stamp)  # after the removal: a sweep that sees it unlocked finds nothing left
+    if tmp_stamp is not None:
+        os.close(tmp_stamp)  # after the removal: a sweep that sees it unlocked finds nothing left
     built = names.STAGE_KERNEL_BUILT in stages
     if not built and term_deadline is None:  # a start that failed, or that the host gave up on
         how = stopped_by or describe_exit(exit_code(kernel_status or 0))
