@@ -370,3 +370,141 @@ def test_egress_notes_of_one_execution_stay_bounded() -> None:
     for n in range(20_000):  # a cell's loop over many hosts, each refused by the proxy
         desk.note("one cell", f"h{n}.example", 443, False, "refused")()
     assert len(desk._sent) <= 5000  # egress_notes.MAX_NOTES_KEPT
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(
+    st.one_of(
+        st.text(max_size=60),
+        st.sampled_from(["stage:", "kill-now", "kill-at:e:off", "kill-at:e:nan", "kill-at::1e999"]),
+    )
+)
+def test_any_pipe_line_is_one_of_the_supervisors_or_none(text: str) -> None:
+    from ivralo_kernel.protocol import pipe
+
+    decoded = pipe.decode(text)
+    assert decoded is None or isinstance(decoded, pipe.Stage | pipe.KillAt | pipe.KillNow)
+    if decoded is not None:
+        assert pipe.decode(pipe.encode(decoded).decode().rstrip("\n")) is not None
+
+
+class _ExitedBwrap:
+    """What SandboxStart.wait reads of the bwrap it launched, when bwrap exited: its status, and
+    its stderr through a real pipe (fast tests start no process)."""
+
+    pid = -1
+
+    def __init__(self) -> None:
+        read_fd, write_fd = os.pipe()
+        os.write(write_fd, b"bwrap: no\n")
+        os.close(write_fd)
+        self.stderr = os.fdopen(read_fd, "rb")
+
+    def wait(self, timeout: float | None = None) -> int:
+        return 0
+
+
+def _spent_process() -> _ExitedBwrap:
+    return _ExitedBwrap()
+
+
+@settings(max_examples=max(20, EXAMPLES // 6), deadline=None)
+@given(
+    said=st.one_of(st.binary(max_size=600), st.sampled_from([b"stage:sandbox-built\n", b"stage:sandbox-built", b"\n"]))
+)
+def test_any_sandbox_built_pipe_is_read_or_named(said: bytes) -> None:
+    """The supervisor's "sandbox built" line, as any bytes: None (built), or bubblewrap's own words."""
+    from ivralo_kernel.host.sandbox.launch import SandboxStart
+
+    start, process = SandboxStart(), _spent_process()
+    try:
+        os.write(start.write_fd, said)
+        why = start.wait(process, "bwrap", timeout=_SHORT)
+    finally:
+        start.close()
+        process.stderr.close()
+    assert why is None or why.startswith("bubblewrap (bwrap) exited with status 0 without building the sandbox")
+
+
+def test_a_sandbox_built_pipe_without_a_newline_is_read_no_further_than_a_line() -> None:
+    """A writer that never ends its line (and never closes): the host reads a bounded amount, then says why."""
+    import threading
+
+    from ivralo_kernel.host.sandbox import launch
+
+    start, process = launch.SandboxStart(), _spent_process()
+    writer_fd = os.dup(start.write_fd)  # kept open by the writer: no EOF ends the read
+    written = [0]
+
+    def flood() -> None:
+        with contextlib.suppress(OSError):
+            while written[0] < 64 << 20:
+                written[0] += os.write(writer_fd, b"x" * 65536)
+
+    thread = threading.Thread(target=flood, daemon=True)
+    thread.start()
+    try:
+        why = start.wait(process, "bwrap", timeout=_SHORT)
+    finally:
+        start.close()  # the writer's next write fails: it stops
+        thread.join(_SHORT)
+        os.close(writer_fd)
+        process.stderr.close()
+    assert not thread.is_alive()
+    assert why is not None and "without building the sandbox" in why
+    assert written[0] < 64 << 20, "the host read all the writer gave"
+
+
+class _Stream:
+    """The host's own stdout, as kernel_output writes to it: what it got, and its longest write."""
+
+    def __init__(self) -> None:
+        self.parts: list[str] = []
+
+    def write(self, text: str) -> int:
+        self.parts.append(text)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(st.binary(max_size=600))
+def test_any_kernel_output_reaches_the_host_as_printable_text(data: bytes) -> None:
+    """What a kernel's tree writes to its stdout/stderr pipe, passed on: text with no control
+    character but tab and newline (no escape sequence reaches the person's terminal)."""
+    from ivralo_kernel.host.sandbox.kernel_output import _copy_lines
+
+    read_fd, write_fd = os.pipe()
+    os.write(write_fd, data)
+    os.close(write_fd)
+    target = _Stream()
+    _copy_lines(os.fdopen(read_fd, "rb"), target)
+    text = "".join(target.parts)
+    assert all(ch in "\t\n" or (ord(ch) >= 32 and ord(ch) != 127) for ch in text), text
+    assert text.count("\n") == data.count(b"\n")
+    assert bool(text) == bool(data)
+
+
+def test_a_kernel_output_line_without_end_is_passed_on_in_bounded_parts() -> None:
+    """A kernel that writes megabytes without a newline: the host passes them on piece by piece,
+    never holding the whole line."""
+    import threading
+
+    from ivralo_kernel.host.sandbox.kernel_output import _copy_lines
+
+    read_fd, write_fd = os.pipe()
+
+    def flood() -> None:
+        with os.fdopen(write_fd, "wb") as pipe:
+            for _ in range(128):
+                pipe.write(b"y" * 65536)
+
+    thread = threading.Thread(target=flood, daemon=True)
+    thread.start()
+    target = _Stream()
+    _copy_lines(os.fdopen(read_fd, "rb"), target)
+    thread.join(_SHORT)
+    assert sum(map(len, target.parts)) == 128 * 65536
+    assert max(map(len, target.parts)) <= 1 << 20
