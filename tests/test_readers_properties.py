@@ -9,7 +9,7 @@ import json
 import os
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from ivralo_kernel.host.sandbox.plan import dotenv_for_kernel, dotenv_kept_out, dotenv_set_aside
@@ -508,3 +508,302 @@ def test_a_kernel_output_line_without_end_is_passed_on_in_bounded_parts() -> Non
     thread.join(_SHORT)
     assert sum(map(len, target.parts)) == 128 * 65536
     assert max(map(len, target.parts)) <= 1 << 20
+
+
+def _npy(array) -> bytes:
+    import io
+
+    import numpy
+
+    buffer = io.BytesIO()
+    numpy.save(buffer, array, allow_pickle=False)
+    return buffer.getvalue()
+
+
+def _arrow(table) -> bytes:
+    import pyarrow as pa
+
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def _mutated(data: bytes, at: list[tuple[int, int]], cut: int | None) -> bytes:
+    """``data`` with some bytes replaced and maybe cut short: what code in the kernel may leave."""
+    out = bytearray(data)
+    for position, value in at:
+        if out:
+            out[position % len(out)] = value
+    return bytes(out[:cut] if cut is not None else out)
+
+
+_edits = st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 255)), max_size=4)
+_cuts = st.one_of(st.none(), st.integers(0, 2_000))
+
+
+def _npy_seeds() -> list[bytes]:
+    import numpy
+
+    return [
+        _npy(numpy.arange(12, dtype="int64").reshape(3, 4)),
+        _npy(numpy.zeros((2, 3), dtype="float32", order="F")),
+        _npy(numpy.array(["a", "bc"])),
+        _npy(numpy.zeros((0,), dtype="V0")) if hasattr(numpy, "void") else b"",
+        b"\x93NUMPY\x01\x00v\x00{'descr': '<i8', 'fortran_order': False, 'shape': (99999999999, 99999999999), }"
+        + b" " * 40
+        + b"\n",
+        b"\x93NUMPY\x01\x00v\x00{'descr': 'V0', 'fortran_order': False, 'shape': (99999999999,), }" + b" " * 50 + b"\n",
+        b"\x93NUMPY\x02\x00\xff\xff\xff\xff{",
+        b"\x93NUMPY\x03\x00\x10\x00\x00\x00{}",
+    ]
+
+
+def _arrow_seeds() -> list[bytes]:
+    import pyarrow as pa
+
+    return [
+        _arrow(pa.table({"a": [1, 2, 3], "b": ["x", "yy", None]})),
+        _arrow(pa.table({"d": pa.array(["p", "q", "p"]).dictionary_encode(), "l": [[1], [], [2, 3]]})),
+        _arrow(pa.table({"t": pa.array([1, 2], pa.timestamp("ns", "UTC")), "s": [{"k": 1}, {"k": 2}]})),
+    ]
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(
+    seed=st.integers(0, 7),
+    raw=st.one_of(st.none(), st.binary(max_size=300)),
+    edits=_edits,
+    cut=_cuts,
+    version=st.sampled_from([b"", b"\x01\x00", b"\x02\x00", b"\x03\x00"]),
+)
+def test_any_npy_from_the_kernel_is_read_or_refused_with_a_sentence(seed, raw, edits, cut, version) -> None:
+    """get_var of an array: the segment's bytes, whatever code in the kernel wrote there."""
+    from ivralo_kernel.host.agent.dataplane import decode_segment
+    from ivralo_kernel.protocol.errors import IvraloError
+
+    seeds = _npy_seeds()
+    data = raw if raw is not None else _mutated(seeds[seed % len(seeds)], edits, cut)
+    if version and raw is not None:
+        data = b"\x93NUMPY" + version + data
+    try:
+        array = decode_segment({"kind": "npy"}, data, len(data))
+    except IvraloError as exc:
+        assert str(exc)
+        return
+    assert not array.dtype.hasobject and array.nbytes <= len(data)
+
+
+_AS = st.sampled_from(["pandas.DataFrame", "pandas.Series", "pyarrow.ChunkedArray", "pyarrow.Table", None, 3])
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(seed=st.integers(0, 2), raw=st.one_of(st.none(), st.binary(max_size=300)), edits=_edits, cut=_cuts, kind=_AS)
+def test_any_arrow_from_the_kernel_is_converted_or_refused_with_a_sentence(seed, raw, edits, cut, kind) -> None:
+    """get_dataframe: an Arrow IPC stream the kernel wrote, whole, mutated or cut short; validated
+    in full before it is converted (an offset out of order once crashed the host)."""
+    from ivralo_kernel.host.agent.dataplane import decode_segment
+    from ivralo_kernel.protocol.errors import IvraloError
+
+    seeds = _arrow_seeds()
+    data = raw if raw is not None else _mutated(seeds[seed], edits, cut)
+    try:
+        decode_segment({"kind": "arrow", "as": kind}, bytearray(data), len(data))
+    except IvraloError as exc:
+        assert str(exc)
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(
+    text=st.one_of(_file_bytes.map(lambda b: b.decode("utf-8", "replace")), _leaf),
+    kind=st.sampled_from(["json", "repr"]),
+)
+def test_any_inline_value_or_answer_from_the_kernel_is_read_or_refused(text, kind) -> None:
+    """get_var's inline JSON, and the JSON answers of the data plane's steps (the envelope, what it
+    wrote): a value, or the data plane's refusal."""
+    from ivralo_kernel.host.agent.dataplane import TransferRefusedError, checked_size, decode_inline, kernel_json
+
+    try:
+        decode_inline({"kind": kind, "text": text})
+    except TransferRefusedError as exc:
+        assert str(exc)
+    try:
+        answer = kernel_json("get_var", text)
+        checked_size("get_var", answer, "size", 1 << 20, "the test's cap")
+    except TransferRefusedError as exc:
+        assert str(exc).startswith("get_var: ")
+
+
+_start_failure_fields = st.fixed_dictionaries(
+    {"at": _leaf, "message": _leaf, "last_stage": _values, "stderr_tail": _values},
+    optional={"time": _leaf, "pid": _leaf, "stages": _values},
+)
+
+
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    lines=st.lists(
+        st.one_of(_start_failure_fields.map(lambda e: json.dumps(e).encode()), _file_bytes, st.binary(max_size=80)),
+        max_size=5,
+    )
+)
+def test_any_worker_log_is_read_or_its_lines_skipped(tmp_path, lines) -> None:
+    """.ivralo/python-worker.log is writable from inside the sandbox: the host's WorkerBootstrapError
+    reads its newest entry, or says there is none; never another exception."""
+    from ivralo_kernel.protocol import names
+    from ivralo_kernel.protocol.worker_log import last_start_failure
+
+    log = tmp_path / names.WORKER_LOG
+    log.parent.mkdir(exist_ok=True)
+    log.write_bytes(b"\n".join(lines))
+    stage, tail = last_start_failure(log, since=0.0)
+    assert isinstance(stage, str) and isinstance(tail, str) and len(tail) <= 600
+
+
+def test_a_huge_worker_log_is_read_from_its_end_only(tmp_path) -> None:
+    """Code in the kernel can make the log any size: the host reads a bounded tail (the newest entry)."""
+    import tracemalloc
+
+    from ivralo_kernel.protocol import names, worker_log
+
+    log = tmp_path / names.WORKER_LOG
+    log.parent.mkdir()
+    with open(log, "wb") as f:
+        f.write((b"x" * 1023 + b"\n") * (48 << 10))  # 48 MiB of lines that are no entry
+    worker_log.append(log, worker_log.start_failure("it exited", ["imports"], "Traceback: boom\n"))
+    tracemalloc.start()
+    try:
+        stage, tail = worker_log.last_start_failure(log, since=0.0)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert (stage, tail) == ("imports", "Traceback: boom")
+    assert peak < 16 << 20, f"the host held {peak} bytes to read the log"
+
+
+def _mostly(valid, other=_leaf):
+    """Mostly a valid field (so that the checks after it are reached), sometimes anything."""
+    return st.integers(0, 9).flatmap(lambda n: valid if n else other)
+
+
+_param_specs = st.fixed_dictionaries(
+    {"type": _mostly(st.sampled_from(["string", "integer", "number", "boolean"]))},
+    optional={
+        "required": _mostly(st.booleans()),
+        "max_length": _mostly(st.integers(0, 50)),
+        "minimum": _mostly(st.integers(-5, 5)),
+        "maximum": _mostly(st.integers(-5, 5)),
+        "choices": _mostly(st.lists(_leaf, max_size=3), _values),
+    },
+)
+_operation_specs = st.fixed_dictionaries(
+    {
+        "url": _mostly(st.sampled_from(["https://api.example.org/v1/", "https://api.example.org/{id}", "ftp://x"])),
+        "credential": _mostly(st.just("EXAMPLE_KEY")),
+    },
+    optional={
+        "auth": _mostly(
+            st.fixed_dictionaries(
+                {"kind": _mostly(st.sampled_from(["header", "bearer", "query"]), _values)},
+                optional={"name": _mostly(st.just("X-Key")), "format": _mostly(st.just("Key {credential}"))},
+            )
+        ),
+        "params": _mostly(st.dictionaries(st.sampled_from(["id", "q", "n"]), _param_specs, max_size=3)),
+        "method": _mostly(st.sampled_from(["GET", "post", "PUT"])),
+        "body": _mostly(st.sampled_from(["json", "query"])),
+        "max_response_bytes": _mostly(st.integers(1, 1 << 20)),
+        "timeout_s": _mostly(st.floats(0.1, 30)),
+        "grant": _mostly(st.just("ex")),
+        "description": _mostly(st.text(max_size=10)),
+    },
+)
+
+
+_ONE_PARAM = b'{"operations": {"ex.get": {"url": "https://x/", "credential": "K", "params": {"n": {"type": "integer", '
+
+
+@example(data=_ONE_PARAM + b'"minimum": "a"}}}}}', params={"n": 5})  # a bound that is no number
+@example(data=_ONE_PARAM + b'"max_length": Infinity}}}}}', params={})  # json takes Infinity
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    data=st.one_of(
+        _file_bytes,
+        st.dictionaries(st.sampled_from(["ex.get", "Bad", "ex.put"]), _operation_specs, max_size=2).map(
+            lambda ops: json.dumps({"operations": ops}).encode()
+        ),
+    ),
+    params=st.dictionaries(
+        st.sampled_from(["id", "q", "n", "z"]), _mostly(st.one_of(st.integers(-9, 9), st.text(max_size=5))), max_size=3
+    ),
+)
+def test_any_apis_json_is_read_or_named_and_its_operations_check_any_params(tmp_path, data, params) -> None:
+    """apis.json in the config home: each operation is taken, or a problem names the file and field;
+    a taken operation checks any parameters code sends with its own refusal, and builds its request."""
+    from ivralo_kernel.host.broker.operations import OperationError, load_operations
+
+    env = _config_home(tmp_path)
+    (tmp_path / "config" / "apis.json").write_bytes(data)
+    operations, problems = load_operations(env)
+    assert all(isinstance(p, str) and p for p in problems)
+    for operation in operations.values():
+        operation.signature()
+        try:
+            checked = operation.check(params)
+        except OperationError as exc:
+            assert str(exc).startswith(operation.name)
+            continue
+        operation.request(checked, "secret-value")
+
+
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    data=st.one_of(
+        _file_bytes,
+        st.fixed_dictionaries({}, optional={"remove": _values, "keep": _values}).map(lambda r: json.dumps(r).encode()),
+    ),
+    passed_on=st.one_of(st.none(), st.text(max_size=40), st.just("[" * 5000)),
+)
+def test_any_environment_json_is_read_or_named(tmp_path, data, passed_on) -> None:
+    """environment.json (the person's scrub rule) in the config home, or the rule a host passed on."""
+    from ivralo_kernel.protocol import names
+    from ivralo_kernel.protocol.credentials import ScrubRule, rule_problems
+
+    env = _config_home(tmp_path)
+    if passed_on is not None:
+        env[names.ENV_SCRUB_RULE] = passed_on
+    else:
+        (tmp_path / "config" / "environment.json").write_bytes(data)
+    rule = ScrubRule.load(env)
+    assert all(isinstance(p, str) and p for p in rule_problems(env))
+    rule.removes("GITHUB_TOKEN")
+    rule.keeps("PATH")
+
+
+_index_lines = st.fixed_dictionaries(
+    {"copy": st.one_of(st.just("20261201-101010-000000001-notes.txt"), _leaf), "path": _leaf},
+    optional={"time": _leaf, "ns": _leaf, "operation": _leaf, "size": _leaf, "restored": _leaf},
+)
+
+
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    lines=st.lists(
+        st.one_of(_index_lines.map(json.dumps), _file_bytes.map(lambda b: b.decode("utf-8", "replace"))), max_size=6
+    )
+)
+def test_any_history_index_is_read_or_its_lines_skipped(tmp_path, lines) -> None:
+    """.ivralo/history/index.jsonl, written from the kernel's side: the host's reader takes the lines
+    that are entries and skips the rest; the recorder records only what it can check."""
+    from ivralo_kernel.host.history.ledger import HistoryRecorder, read_index
+    from ivralo_kernel.protocol import names
+
+    workspace = tmp_path / "ws"
+    history = workspace / names.HISTORY_DIR
+    history.mkdir(parents=True, exist_ok=True)
+    recorder = HistoryRecorder(str(workspace), env=_config_home(tmp_path))
+    (history / "20261201-101010-000000001-notes.txt").write_text("old")
+    (history / "index.jsonl").write_text("\n".join(lines), encoding="utf-8", errors="surrogatepass")
+    for entry in read_index(str(history)):
+        assert isinstance(entry.ns, int) and isinstance(entry.size, int) and isinstance(entry.path, str)
+    recorder.record()
+    recorder.close()
