@@ -9,7 +9,7 @@ import json
 import os
 
 import pytest
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from ivralo_kernel.host.sandbox.plan import dotenv_for_kernel, dotenv_kept_out, dotenv_set_aside
@@ -128,6 +128,11 @@ _file_bytes = st.one_of(
 _SHORT = 10.0  # seconds any one answer may take (a hang fails the example, never the run)
 
 
+def _mostly(valid, other=_leaf):
+    """Mostly a valid field (so that the checks after it are reached), sometimes anything."""
+    return st.integers(0, 9).flatmap(lambda n: valid if n else other)
+
+
 def _config_home(tmp_path) -> dict[str, str]:
     home = tmp_path / "config"
     home.mkdir(exist_ok=True)
@@ -158,40 +163,58 @@ def responder(tmp_path_factory):
 
 
 _kinds = st.sampled_from(["egress", "egress_answer", "catalog", "api", "sql", "", "Egress", None, 1])
-_payloads = st.one_of(
-    _values,
-    st.fixed_dictionaries(
-        {"host": st.one_of(_hosts, _leaf), "port": st.one_of(st.integers(-5, 70_000), _leaf)},
-    ),
-    st.fixed_dictionaries(
-        {"operation": st.sampled_from(["photos.search", "photos.x", "nope"]), "params": _values},
-        optional={"extra": _leaf},
-    ),
-    st.fixed_dictionaries(
-        {
-            "operation": st.just("photos.search"),
-            "params": st.dictionaries(
-                st.sampled_from(["query", "page", "per_page", "orientation", "x"]), _leaf, max_size=4
+_egress_payloads = st.fixed_dictionaries(
+    {
+        "host": _mostly(st.one_of(_hosts, st.sampled_from(["example.org", "localhost", "10.0.0.1"]))),
+        "port": _mostly(st.integers(-5, 70_000)),
+    }
+)
+_api_payloads = st.fixed_dictionaries(
+    {
+        "operation": _mostly(st.sampled_from(["photos.search", "photos.x", "nope"])),
+        "params": _mostly(
+            st.dictionaries(
+                st.sampled_from(["query", "page", "per_page", "orientation", "x"]),
+                _mostly(st.one_of(st.integers(-3, 1200), st.sampled_from(["cats", "landscape", "", "x" * 300]))),
+                max_size=4,
             ),
-        },
-    ),
-    st.fixed_dictionaries(
-        {
-            "database": st.sampled_from(["shop", "other", ""]),
-            "query": st.one_of(
-                st.sampled_from(["select * from t", "select a from t where a = :a", "delete from t", "select", "x"]),
-                st.text(max_size=40),
-                _leaf,
+            _values,
+        ),
+    },
+    optional={"extra": _leaf},
+)
+_sql_payloads = st.fixed_dictionaries(
+    {
+        "database": _mostly(st.sampled_from(["shop", "shop", "other", ""])),
+        "query": _mostly(
+            st.sampled_from(
+                [
+                    "select * from t",
+                    "select a, b from t where a = :a",
+                    "select b from t where b = :b",
+                    "delete from t",
+                    "select",
+                    "attach database 'x' as y",
+                    "select zeroblob(100000000)",
+                    "with recursive c(x) as (select 1 union all select x + 1 from c) select x from c",
+                ]
             ),
-            "params": st.one_of(st.dictionaries(st.text(max_size=4), _leaf, max_size=3), _leaf),
-        }
-    ),
+            st.one_of(st.text(max_size=40), _leaf),
+        ),
+        "params": _mostly(st.dictionaries(st.sampled_from(["a", "b", ""]), _leaf, max_size=2), _values),
+    }
+)
+_requests = st.one_of(
+    st.tuples(st.just("egress"), _egress_payloads),
+    st.tuples(st.just("api"), _api_payloads),
+    st.tuples(st.just("sql"), _sql_payloads),
+    st.tuples(_kinds, _values),
 )
 
 
 @settings(max_examples=EXAMPLES, deadline=None)
-@given(req_id=st.one_of(st.just("r1"), _leaf), kind=_kinds, payload=_payloads, live=st.booleans())
-def test_any_broker_request_is_answered_or_refused_with_a_sentence(responder, req_id, kind, payload, live) -> None:
+@given(req_id=_mostly(st.just("r1")), request=_requests, live=_mostly(st.just(True), st.just(False)))
+def test_any_broker_request_is_answered_or_refused_with_a_sentence(responder, req_id, request, live) -> None:
     """The responder's validation of a request's kind and payload, as code in a kernel may forge it:
     an answer (an egress decision, the catalog, a call's result) or a refusal with a reason; never an
     exception, never the catch-all "the host's call failed" (an unforeseen error in a check)."""
@@ -205,6 +228,7 @@ def test_any_broker_request_is_answered_or_refused_with_a_sentence(responder, re
         answers.append(dict(answer))
         got.set()
 
+    kind, payload = request
     request = {"req_id": req_id, "kind": kind, "payload": payload}
     responder.answer(request, uuid.uuid4().hex if live else None, reply, lambda _on: None)
     if not isinstance(req_id, str):
@@ -212,6 +236,8 @@ def test_any_broker_request_is_answered_or_refused_with_a_sentence(responder, re
         return
     assert got.wait(_SHORT), f"no answer to {request!r}"
     (answer,) = answers
+    reason = str(answer.get("reason") or answer.get("error") or "")
+    event(f"{kind}: " + ("answered" if answer.get("ok") else f"refused ({reason[:30]}...)"))
     if answer.get("ok"):
         assert "result" in answer
     elif "allowed" in answer and "ok" not in answer:  # an egress decision
@@ -538,8 +564,9 @@ def _mutated(data: bytes, at: list[tuple[int, int]], cut: int | None) -> bytes:
     return bytes(out[:cut] if cut is not None else out)
 
 
-_edits = st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 255)), max_size=4)
+_edits = st.one_of(st.just([]), st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 255)), max_size=4))
 _cuts = st.one_of(st.none(), st.integers(0, 2_000))
+_raw = st.one_of(st.none(), st.none(), st.binary(max_size=300))
 
 
 def _npy_seeds() -> list[bytes]:
@@ -572,7 +599,7 @@ def _arrow_seeds() -> list[bytes]:
 @settings(max_examples=EXAMPLES, deadline=None)
 @given(
     seed=st.integers(0, 7),
-    raw=st.one_of(st.none(), st.binary(max_size=300)),
+    raw=_raw,
     edits=_edits,
     cut=_cuts,
     version=st.sampled_from([b"", b"\x01\x00", b"\x02\x00", b"\x03\x00"]),
@@ -590,7 +617,9 @@ def test_any_npy_from_the_kernel_is_read_or_refused_with_a_sentence(seed, raw, e
         array = decode_segment({"kind": "npy"}, data, len(data))
     except IvraloError as exc:
         assert str(exc)
+        event("refused")
         return
+    event("read")
     assert not array.dtype.hasobject and array.nbytes <= len(data)
 
 
@@ -609,8 +638,10 @@ def test_any_arrow_from_the_kernel_is_converted_or_refused_with_a_sentence(seed,
     data = raw if raw is not None else _mutated(seeds[seed], edits, cut)
     try:
         decode_segment({"kind": "arrow", "as": kind}, bytearray(data), len(data))
+        event("converted")
     except IvraloError as exc:
         assert str(exc)
+        event("refused")
 
 
 @settings(max_examples=EXAMPLES, deadline=None)
@@ -681,11 +712,6 @@ def test_a_huge_worker_log_is_read_from_its_end_only(tmp_path) -> None:
     assert peak < 16 << 20, f"the host held {peak} bytes to read the log"
 
 
-def _mostly(valid, other=_leaf):
-    """Mostly a valid field (so that the checks after it are reached), sometimes anything."""
-    return st.integers(0, 9).flatmap(lambda n: valid if n else other)
-
-
 _param_specs = st.fixed_dictionaries(
     {"type": _mostly(st.sampled_from(["string", "integer", "number", "boolean"]))},
     optional={
@@ -726,11 +752,11 @@ _ONE_PARAM = b'{"operations": {"ex.get": {"url": "https://x/", "credential": "K"
 @example(data=_ONE_PARAM + b'"max_length": Infinity}}}}}', params={})  # json takes Infinity
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
-    data=st.one_of(
+    data=_mostly(
+        st.dictionaries(
+            _mostly(st.just("ex.get"), st.sampled_from(["Bad", "ex.put"])), _operation_specs, max_size=2
+        ).map(lambda ops: json.dumps({"operations": ops}).encode()),
         _file_bytes,
-        st.dictionaries(st.sampled_from(["ex.get", "Bad", "ex.put"]), _operation_specs, max_size=2).map(
-            lambda ops: json.dumps({"operations": ops}).encode()
-        ),
     ),
     params=st.dictionaries(
         st.sampled_from(["id", "q", "n", "z"]), _mostly(st.one_of(st.integers(-9, 9), st.text(max_size=5))), max_size=3
@@ -745,6 +771,7 @@ def test_any_apis_json_is_read_or_named_and_its_operations_check_any_params(tmp_
     (tmp_path / "config" / "apis.json").write_bytes(data)
     operations, problems = load_operations(env)
     assert all(isinstance(p, str) and p for p in problems)
+    event(f"operations taken: {len(operations) - 1}, problems: {min(len(problems), 2)}")
     for operation in operations.values():
         operation.signature()
         try:
@@ -807,3 +834,40 @@ def test_any_history_index_is_read_or_its_lines_skipped(tmp_path, lines) -> None
         assert isinstance(entry.ns, int) and isinstance(entry.size, int) and isinstance(entry.path, str)
     recorder.record()
     recorder.close()
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(
+    lines=st.lists(
+        st.one_of(
+            st.sampled_from([b"stage:imports", b"kill-now", b"kill-at:e:off", b"kill-at:e:12.5", b""]),
+            st.binary(max_size=40),
+            st.integers(4000, 9000).map(lambda n: b"stage:" + b"x" * n),
+        ),
+        max_size=8,
+    ),
+    cuts=st.lists(st.integers(1, 5000), max_size=6),
+)
+def test_any_pipe_lines_in_any_chunks_are_read_as_whole_lines_only(lines, cuts) -> None:
+    """The supervisor's reader of the kernel's stage pipe and the host's pipe: however the bytes are
+    split into reads, the same lines come out (one longer than MAX_LINE dropped), nothing else."""
+    from ivralo_kernel.protocol import pipe
+
+    data = b"".join(line + b"\n" for line in lines)
+    expected = [m for line in lines if len(line) <= pipe.MAX_LINE and (m := pipe.decode(line.decode(errors="replace")))]
+    reader, found, at = pipe.LineReader(), [], 0
+    for size in [*cuts, len(data)]:
+        found += reader.feed(data[at : at + size])
+        at += size
+        assert len(reader.pending) <= pipe.MAX_LINE
+    assert found == expected
+
+
+def test_a_pipe_line_without_end_is_held_no_further_than_a_line() -> None:
+    from ivralo_kernel.protocol import pipe
+
+    reader = pipe.LineReader()
+    for _ in range(4096):  # 16 MiB of one stage line that never ends, read 4 KiB at a time
+        assert reader.feed(b"s" * 4096) == []
+        assert len(reader.pending) <= pipe.MAX_LINE
+    assert reader.feed(b"\nstage:imports\n") == [pipe.Stage("imports")]
