@@ -279,7 +279,7 @@ def test_any_connect_target_is_judged_or_refused_with_a_sentence(tmp_path, host,
 
 _frame = st.one_of(
     st.binary(max_size=40),
-    st.sampled_from([b"<IDS|MSG>", b"{}", b'{"msg_type": "execute_request", "msg_id": "m"}']),
+    st.sampled_from([b"<IDS|MSG>", b"{}", b'{"msg_type": "execute_request", "msg_id": "m"}', b'{"allow_stdin": true}']),
     _values.map(lambda value: json.dumps(value).encode()),
     st.builds(
         lambda t, m: json.dumps({"msg_type": t, "msg_id": m}).encode(),
@@ -287,7 +287,10 @@ _frame = st.one_of(
         st.sampled_from(["m", "", "q"]),
     ),
 )
-_message = st.lists(_frame, min_size=0, max_size=8)
+_message = st.one_of(
+    st.lists(_frame, min_size=0, max_size=8),
+    st.just([b"sig", b'{"msg_type": "execute_request", "msg_id": "m"}', b"{}", b"{}", b'{"allow_stdin": true}']),
+)
 _identities = st.lists(st.binary(min_size=0, max_size=6), max_size=2)
 
 
@@ -297,10 +300,13 @@ _identities = st.lists(st.binary(min_size=0, max_size=6), max_size=2)
         st.tuples(
             st.sampled_from(["client_request", "kernel_reply", "kernel_prompt", "client_reply"]), _identities, _message
         ),
-        max_size=30,
-    )
+        max_size=16,
+    ),
+    value=st.one_of(
+        st.none(), st.booleans(), st.integers(), st.text(max_size=20), st.lists(st.text(max_size=3), max_size=2)
+    ),
 )
-def test_any_stdin_traffic_is_taken_or_passed_on_and_stays_bounded(steps) -> None:
+def test_any_stdin_traffic_is_taken_or_passed_on_and_stays_bounded(steps, value) -> None:
     """The relay's stdin bookkeeping (the person's egress answers travel there) against any frames a
     client or code in the kernel sends: never an exception; what it remembers stays capped."""
     from ivralo_kernel.host.sandbox import stdin_questions as sq
@@ -318,8 +324,18 @@ def test_any_stdin_traffic_is_taken_or_passed_on_and_stays_bounded(steps) -> Non
             questions.kernel_prompt(ids, parts)
         else:
             assert getattr(questions, step)(ids, parts) in (True, False)
-        if questions.question("m", "Allow? [yes/no] ") is not None:
-            questions.end_all()
+    asked = questions.question("m", "Allow? [yes/no] ")  # an execute_request "m" a client sent, still running
+    event("the host asked" if asked is not None else "nobody to ask")
+    if asked is not None:  # the client's signed answer, any value in it: the host's, a string
+        question, frames = asked
+        client = sq.Session(key=b"key", signature_scheme="hmac-sha256")
+        parent = json.loads(frames[frames.index(sq.DELIMITER) + 2])
+        reply = client.serialize(client.msg("input_reply", {"value": value}, parent=parent), ident=[question.client])
+        ids, parts = sq.split(reply)
+        assert questions.client_reply(ids, parts) is True
+        assert question.answered.is_set() and isinstance(question.value, str)
+        assert question.value == (value if isinstance(value, str) else "")
+    questions.end_all()
 
 
 def test_the_kernels_prompts_to_many_clients_stay_bounded() -> None:
@@ -627,7 +643,7 @@ _AS = st.sampled_from(["pandas.DataFrame", "pandas.Series", "pyarrow.ChunkedArra
 
 
 @settings(max_examples=EXAMPLES, deadline=None)
-@given(seed=st.integers(0, 2), raw=st.one_of(st.none(), st.binary(max_size=300)), edits=_edits, cut=_cuts, kind=_AS)
+@given(seed=st.integers(0, 2), raw=_raw, edits=_edits, cut=_cuts, kind=_AS)
 def test_any_arrow_from_the_kernel_is_converted_or_refused_with_a_sentence(seed, raw, edits, cut, kind) -> None:
     """get_dataframe: an Arrow IPC stream the kernel wrote, whole, mutated or cut short; validated
     in full before it is converted (an offset out of order once crashed the host)."""
