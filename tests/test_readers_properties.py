@@ -887,3 +887,11 @@ def test_a_pipe_line_without_end_is_held_no_further_than_a_line() -> None:
         assert reader.feed(b"s" * 4096) == []
         assert len(reader.pending) <= pipe.MAX_LINE
     assert reader.feed(b"\nstage:imports\n") == [pipe.Stage("imports")]
+
+
+def test_the_brokers_counts_of_executions_stay_bounded(responder) -> None:
+    """Each execution's requests are counted (a cap per execution); a kernel that runs cells for
+    weeks does not grow the host's table of them."""
+    for n in range(5000):
+        responder.answer({"req_id": "r", "kind": "catalog"}, f"execution-{n}", lambda _answer: None, lambda _on: None)
+    assert len(responder._counts) <= 1000  # responder.EXECUTIONS_COUNTED
