@@ -812,10 +812,12 @@ def test_any_environment_json_is_read_or_named(tmp_path, data, passed_on) -> Non
     from ivralo_kernel.protocol.credentials import ScrubRule, rule_problems
 
     env = _config_home(tmp_path)
-    if passed_on is not None:
+    rule_file = tmp_path / "config" / "environment.json"
+    if passed_on is not None:  # read only when there is no file
         env[names.ENV_SCRUB_RULE] = passed_on
+        rule_file.unlink(missing_ok=True)
     else:
-        (tmp_path / "config" / "environment.json").write_bytes(data)
+        rule_file.write_bytes(data)
     rule = ScrubRule.load(env)
     assert all(isinstance(p, str) and p for p in rule_problems(env))
     rule.removes("GITHUB_TOKEN")
