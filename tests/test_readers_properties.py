@@ -897,3 +897,91 @@ def test_the_brokers_counts_of_executions_stay_bounded(responder) -> None:
     for n in range(5000):
         responder.answer({"req_id": "r", "kind": "catalog"}, f"execution-{n}", lambda _answer: None, lambda _on: None)
     assert len(responder._counts) <= 1000  # responder.EXECUTIONS_COUNTED
+
+
+@pytest.fixture(scope="module")
+def watchdog(responder):
+    """A host's watchdog of no kernel, never started: its handler of the kernel's IOPub messages is
+    driven directly (the broker behind it is the responder above)."""
+    from ivralo_kernel.host.watch.watchdog import Watchdog, WatchdogSettings
+
+    dog = Watchdog(
+        {"key": "key", "signature_scheme": "hmac-sha256"},
+        os.getpid(),
+        WatchdogSettings(),
+        lambda: None,
+        broker=responder,
+        comm_id="broker-comm",
+    )
+    yield dog
+    dog.channels.close()
+
+
+_ids = _mostly(st.sampled_from(["m", "e1", ""]))
+_small = st.one_of(_leaf, st.lists(_leaf, max_size=2), st.dictionaries(st.text(max_size=4), _leaf, max_size=2))
+_headers = _mostly(
+    st.fixed_dictionaries(
+        {
+            "msg_id": _mostly(st.just("h1"), _leaf),
+            "msg_type": _mostly(st.sampled_from(["comm_msg", "status", "stream"])),
+        },
+        optional={"date": _mostly(st.just("2026-12-02T10:00:00.000000Z")), "session": _leaf, "version": _leaf},
+    ),
+    _small,
+)
+_parents = _mostly(
+    st.fixed_dictionaries({}, optional={"msg_id": _ids, "msg_type": _mostly(st.just("execute_request"))}),
+)
+_contents = _mostly(
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "comm_id": _mostly(st.just("broker-comm")),
+            "data": _mostly(
+                st.fixed_dictionaries({"req_id": _mostly(st.just("r")), "kind": _kinds, "payload": _small}), _small
+            ),
+            "execution_state": st.one_of(st.sampled_from(["busy", "idle", "starting"]), _leaf),
+        },
+    ),
+    _small,
+)
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(
+    parts=st.lists(
+        st.tuples(_headers, _parents, _mostly(st.just({}), _small), _contents).map(
+            lambda p: [json.dumps(x).encode() for x in p]
+        ),
+        min_size=1,
+        max_size=3,
+    ),
+    deep=_mostly(st.just(False), st.just(True)),
+    signed=_mostly(st.just(True), st.just(False)),
+)
+def test_any_message_on_the_kernels_iopub_is_handled_or_dropped(watchdog, parts, deep, signed) -> None:
+    """What the watchdog's thread reads from the kernel's IOPub (a broker request, a status, any
+    other), signed with the kernel's key, which code in the kernel can read: each is a well-formed
+    message that the watchdog handles, or dropped; never an error (the watchdog's thread would end,
+    and with it the host's deadlines)."""
+    import zmq
+    from jupyter_client.session import Session
+
+    from ivralo_kernel.host.watch.kernel_channels import message_of
+
+    session = Session(key=b"key", signature_scheme="hmac-sha256")
+    watchdog.channels.session.digest_history.clear()  # examples repeat messages; a kernel's msg_ids do not
+    for frames in parts:
+        if deep:
+            frames[3] = b"[" * 5000 + b"]" * 5000
+        signature = session.sign(frames) if signed else b"0" * 64
+        channels = watchdog.channels  # as its IOPub drain reads them: zmq frames, only the types it acts on
+        msg = message_of(
+            channels.session, [zmq.Frame(f) for f in (b"<IDS|MSG>", signature, *frames)], channels.iopub_types
+        )
+        if msg is None:
+            continue
+        assert isinstance(msg["content"], dict) and isinstance(msg["header"]["msg_type"], str)
+        event(f"handled: {msg['header']['msg_type']}")
+        watchdog._on_iopub(msg)
+    assert len(watchdog.running) <= 1000
