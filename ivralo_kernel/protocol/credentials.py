@@ -102,7 +102,7 @@ def _read_rule(env: Mapping[str, str]) -> tuple[ScrubRule, list[str]]:
         where = names.ENV_SCRUB_RULE
         try:
             data = json.loads(env[names.ENV_SCRUB_RULE])
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             return ScrubRule(), [f"{where}: not valid JSON"]
     if data is None:
         return ScrubRule(), [problem] if problem else []

@@ -88,7 +88,9 @@ def parse_line(line: str) -> Entry | None:
             copy,
             restored if isinstance(restored, str) else None,
         )
-    except (ValueError, KeyError, TypeError, AttributeError):
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError, OverflowError, OSError):
+        # OverflowError: a size of 1e400 (inf); OSError: a time no platform clock holds; the index is
+        # written from the kernel's side, so any line may be in it.
         return None
 
 

@@ -58,3 +58,33 @@ def decode(text: str) -> PipeLine | None:
             return None
         return KillAt(execution, at) if math.isfinite(at) else None
     return None
+
+
+# No line either side writes is longer than this (a stage name, an execution id and a time). The
+# kernel's stage pipe is held by code the supervisor does not trust: a longer line is dropped whole,
+# so the reader never holds more than this of it, however the writer splits or never ends it.
+MAX_LINE = 4096
+
+
+@dataclass
+class LineReader:
+    """The lines of one pipe, fed chunk by chunk as they are read: each complete line, decoded."""
+
+    pending: bytes = b""
+    dropping: bool = False  # inside a line longer than MAX_LINE: skipped up to its end
+
+    def feed(self, chunk: bytes) -> list[PipeLine]:
+        *ended, rest = chunk.split(b"\n")
+        found: list[PipeLine] = []
+        for part in ended:
+            line, self.pending = self.pending + part, b""
+            if self.dropping:
+                self.dropping = False
+                continue
+            if len(line) <= MAX_LINE and (message := decode(line.decode(errors="replace"))) is not None:
+                found.append(message)
+        if not self.dropping:
+            self.pending += rest
+            if len(self.pending) > MAX_LINE:
+                self.pending, self.dropping = b"", True
+        return found

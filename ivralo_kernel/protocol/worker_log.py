@@ -12,9 +12,12 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import TypedDict
+from typing import TypedDict, TypeGuard
 
 TAIL_LINES = 40
+# The host reads no more than the file's last this many bytes: the entries of this start are its newest,
+# and the file is writable inside the sandbox, so it may be any size.
+TAIL_BYTES = 1 << 20
 
 
 class StartFailure(TypedDict):
@@ -48,27 +51,44 @@ def append(path: Path, entry: StartFailure) -> None:
 
 
 def entries(path: Path) -> list[StartFailure]:
-    """The file's entries, oldest first; a line that is not one (an older format, a torn write) is skipped."""
+    """The newest entries of the file (its last ``TAIL_BYTES``), oldest first; a line that is not one
+    (an older format, a torn write, anything code in the sandbox wrote: the file is writable there)
+    is skipped."""
     try:
-        text = path.read_text(encoding="utf-8", errors="replace")
+        with open(path, "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - TAIL_BYTES))
+            text = f.read(TAIL_BYTES).decode("utf-8", errors="replace")
     except OSError:
         return []
     found: list[StartFailure] = []
     for line in text.splitlines():
         try:
             entry = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):
             continue
-        if isinstance(entry, dict) and {"at", "message", "last_stage", "stderr_tail"} <= entry.keys():
-            found.append(entry)  # type: ignore[arg-type]
+        if _is_entry(entry):
+            found.append(entry)
     return found
+
+
+def _is_entry(entry: object) -> TypeGuard[StartFailure]:
+    if not isinstance(entry, dict) or not {"at", "message", "last_stage", "stderr_tail"} <= entry.keys():
+        return False
+    at, tail = entry["at"], entry["stderr_tail"]
+    return (
+        isinstance(at, int | float)
+        and not isinstance(at, bool)
+        and isinstance(entry["last_stage"], str)
+        and isinstance(tail, list)
+        and all(isinstance(line, str) for line in tail)
+    )
 
 
 def last_start_failure(path: Path, since: float) -> tuple[str, str]:
     """(last stage reached, last stderr lines) of the newest entry written at or after ``since``."""
-    recent = [e for e in entries(path) if float(e["at"]) >= since]
+    recent = [e for e in entries(path) if e["at"] >= since]
     if not recent:
         return "unknown (no log entry for this start)", ""
     entry = recent[-1]
     tail = " | ".join(line.strip() for line in entry["stderr_tail"] if line.strip())
-    return entry["last_stage"], tail[-600:]
+    return entry["last_stage"][:300], tail[-600:]

@@ -50,6 +50,8 @@ TERM_GRACE_S = 3.0
 PARENT_POLL_S = 0.5
 # How long the kernel's start waits for the host to cover the closed links (a short process of its own).
 LINK_COVER_WAIT_S = 10.0
+# Stages kept for the failure log: a real start reports about ten, each once.
+MAX_STAGES = 64
 
 _WATCHED = (signal.SIGCHLD, signal.SIGTERM, signal.SIGQUIT, signal.SIGINT, SIGNAL_KILL_NOW, SIGNAL_PARENT_DIED)
 
@@ -332,12 +334,12 @@ def main(argv: list[str] | None = None) -> int:
     from ivralo_kernel.protocol.processes import describe_exit, exit_code
     from ivralo_kernel.supervisor.backstop import Backstop
 
-    stages: list[str] = []
-    pending = b""
+    stages: list[str] = []  # the first MAX_STAGES - 1 and the latest (code in the kernel can write many)
+    stage_lines = pipe.LineReader()
     kernel_status: int | None = None
     term_deadline: float | None = None
     backstop = Backstop(kernel_may_disarm=not policy.host_enforces_deadline)
-    host_pending = b""
+    host_lines = pipe.LineReader()
     deadline_kill = False
     stopped_by: str | None = None
     stage_open = True
@@ -356,11 +358,12 @@ def main(argv: list[str] | None = None) -> int:
             if not chunk:
                 stage_open = False
                 os.close(stage_r)
-            *lines, pending = (pending + chunk).split(b"\n")
-            for line in lines:
-                message = pipe.decode(line.decode(errors="replace"))
+            for message in stage_lines.feed(chunk):
                 if isinstance(message, pipe.Stage):
-                    stages.append(message.name)
+                    if len(stages) < MAX_STAGES:
+                        stages.append(message.name)
+                    else:
+                        stages[-1] = message.name
                 elif isinstance(message, pipe.KillAt):
                     backstop.apply(message, from_host=False)
                 elif isinstance(message, pipe.KillNow):
@@ -379,9 +382,7 @@ def main(argv: list[str] | None = None) -> int:
         if host_pipe is not None and host_pipe in ready:
             chunk = os.read(host_pipe, 4096)
             host_gone = not chunk
-            *lines, host_pending = (host_pending + chunk).split(b"\n")
-            for line in lines:
-                message = pipe.decode(line.decode(errors="replace"))
+            for message in host_lines.feed(chunk):
                 if isinstance(message, pipe.KillAt):  # the host's pipe carries nothing else
                     backstop.apply(message, from_host=True)
         if SIGNAL_KILL_NOW in received or os.getppid() != parent or host_gone:

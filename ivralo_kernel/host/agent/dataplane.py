@@ -251,9 +251,26 @@ def ipc_bytes(table: Any) -> Any:
 # --- decoding (kernel -> host) --------------------------------------------------------------------
 
 
-def decode_inline(envelope: dict[str, Any]) -> Any:
+def kernel_json(operation: str, text: Any) -> Any:
+    """A JSON answer of the kernel's data plane (what it prepared, what it wrote), parsed; anything
+    else (not text, not JSON, nested past the parser) is refused with a sentence, never another error."""
+    try:
+        if not isinstance(text, str | bytes | bytearray):
+            raise TypeError(type(text).__name__)
+        return json.loads(text)
+    except (ValueError, TypeError, RecursionError) as exc:
+        what = "nested too deeply" if isinstance(exc, RecursionError) else "not JSON"
+        raise TransferRefusedError(
+            f"{operation}: the kernel's answer is {what}, so nothing was transferred. Code in the kernel may have "
+            "replaced its data plane; restart the worker if this repeats"
+        ) from None
+
+
+def decode_inline(envelope: dict[str, Any], operation: str = "get_var") -> Any:
     """A JSON value, or the bounded repr the caller asked for: both plain text."""
-    return json.loads(envelope["text"]) if envelope["kind"] == "json" else str(envelope["text"])
+    if envelope.get("kind") == "json":
+        return kernel_json(operation, envelope.get("text"))
+    return str(envelope.get("text"))
 
 
 def decode_segment(envelope: dict[str, Any], segment: Any, length: int) -> Any:
@@ -279,19 +296,26 @@ def _from_ipc(pa: Any, envelope: dict[str, Any], data: Any) -> Any:
         # In full: offsets in order and within their buffers, UTF-8 valid, dictionary indices in range.
         # The cheap validate() checks only buffer sizes, and to_pandas() trusts the rest (a SIGSEGV).
         table.validate(full=True)
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, pa.ArrowIndexError) as exc:
+    except (pa.ArrowException, OSError) as exc:  # every error of pyarrow's (an IPC stream cut short: OSError)
         raise TransferRefusedError(
-            f"the Arrow data the kernel wrote is not valid ({exc}), so it was not converted. Code in the kernel "
-            "may have written it; restart the worker if this repeats"
+            f"the Arrow data the kernel wrote is not valid ({str(exc)[:300]}), so it was not converted. Code in the "
+            "kernel may have written it; restart the worker if this repeats"
         ) from None
     kind = envelope.get("as")
-    if kind == "pandas.DataFrame":
-        return table.to_pandas()
-    if kind == "pandas.Series":
-        series = table.to_pandas().iloc[:, 0]
-        return series.rename(None) if envelope.get("unnamed") else series
-    if kind == "pyarrow.ChunkedArray":
-        return table.column(0)
+    try:
+        if kind == "pandas.DataFrame":
+            return table.to_pandas()
+        if kind == "pandas.Series":
+            series = table.to_pandas().iloc[:, 0]
+            return series.rename(None) if envelope.get("unnamed") else series
+        if kind == "pyarrow.ChunkedArray":
+            return table.column(0)
+    except (pa.ArrowException, ValueError, TypeError, OverflowError, IndexError) as exc:
+        # Valid Arrow that pandas cannot hold (a date out of its range), or no column for a Series.
+        raise TransferRefusedError(
+            f"the Arrow data the kernel wrote cannot become a {kind} ({type(exc).__name__}: {str(exc)[:300]}). "
+            "Bring it over as a pyarrow Table (get_dataframe(..., as_arrow=True)) or convert it in the kernel first"
+        ) from None
     return table
 
 
@@ -302,16 +326,22 @@ def _read_npy(view: memoryview, length: int) -> Any:
     except ImportError:
         raise ArrowMissingError(f"get_var of a numpy array needs numpy on the host: {ARROW_EXTRA}") from None
     head = io.BytesIO(view[: min(length, 65_536 + 12)])
-    version = npy.read_magic(head)
-    reader = npy.read_array_header_1_0 if version == (1, 0) else npy.read_array_header_2_0
-    shape, fortran, dtype = reader(head)  # a literal, parsed without eval; allow_pickle is never on
+    try:
+        version = npy.read_magic(head)
+        reader = npy.read_array_header_1_0 if version == (1, 0) else npy.read_array_header_2_0
+        shape, fortran, dtype = reader(head)  # a literal, parsed without eval; allow_pickle is never on
+    except Exception as exc:  # noqa: BLE001 - numpy's parser of the header raises many kinds (SyntaxError, TokenError)
+        raise TransferRefusedError(
+            f"the kernel's .npy data has no valid header ({type(exc).__name__}: {str(exc)[:200]}), so it was not "
+            "read. Code in the kernel may have written it; restart the worker if this repeats"
+        ) from None
     if dtype.hasobject:
         raise UnsupportedValueError(f"the kernel sent a numpy array of dtype {dtype}, which holds Python objects")
     count = math.prod(shape)
-    if head.tell() + count * dtype.itemsize > length:
+    if count < 0 or dtype.itemsize == 0 or head.tell() + count * dtype.itemsize > length:
         raise TransferRefusedError(
-            f"the kernel's .npy header says {shape} of {dtype} ({count * dtype.itemsize} bytes), more than the "
-            f"{length} bytes it wrote, so it was not read. Code in the kernel may have written it"
+            f"the kernel's .npy header says {shape} of {dtype} ({count * dtype.itemsize} bytes) and it wrote "
+            f"{length} bytes, so it was not read. Code in the kernel may have written it"
         )
     flat = numpy.frombuffer(view, dtype=dtype, count=count, offset=head.tell())
     array = flat.reshape(shape, order="F" if fortran else "C").copy(order="K")

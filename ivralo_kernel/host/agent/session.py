@@ -21,8 +21,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from ivralo_kernel.host.agent.code_gate import gate_refusal
 from ivralo_kernel.host.agent.dataplane import (
+    TransferRefusedError,
     as_table,
     ipc_size,
+    kernel_json,
     require_arrow,
 )
 from ivralo_kernel.host.agent.gateway.worker import GatewayPool
@@ -348,7 +350,9 @@ class Session(SessionCalls):
         """Each variable's ``type``, ``shape`` (arrays, frames) or ``len`` (str, bytes, list, tuple,
         dict, set) and ``bytes`` (shallow): never a value."""
         async with self._namespace("snapshot()") as call:
-            described = json.loads(await call.value(f"{DATAPLANE}.describe()"))
+            described = kernel_json("snapshot()", await call.value(f"{DATAPLANE}.describe()"))
+        if not isinstance(described, dict):
+            raise TransferRefusedError("snapshot(): the kernel's answer is not a table of its variables")
         return {str(k): v for k, v in sorted(described.items())}
 
     async def apropos(self, word: str) -> str:

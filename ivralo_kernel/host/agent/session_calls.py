@@ -10,7 +10,6 @@ from __future__ import annotations
 import ast
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from collections import deque
@@ -18,7 +17,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from ivralo_kernel.host.agent.code_gate import DONE_WITH_ERRORS, is_refusal
-from ivralo_kernel.host.agent.dataplane import TransferRefusedError, decode_inline, require_arrow, transfer_cap
+from ivralo_kernel.host.agent.dataplane import (
+    TransferRefusedError,
+    decode_inline,
+    kernel_json,
+    require_arrow,
+    transfer_cap,
+)
 from ivralo_kernel.host.agent.gateway.worker import GatewayPool
 from ivralo_kernel.host.agent.kernel_worker import KernelWorker
 from ivralo_kernel.host.agent.namespace import DATAPLANE, NamespaceCall, NamespaceWorkerLostError, WorkerGone
@@ -230,11 +235,11 @@ class SessionCalls:
 
     async def _fetch(self, call: NamespaceCall, name: str, *, tables_only: bool, or_repr: bool) -> Any:
         asked = f"{DATAPLANE}.prepare({name!r}, {tables_only}, {or_repr})"
-        envelope = json.loads(await call.value(asked))
+        envelope = kernel_json(call.operation, await call.value(asked))
         if not isinstance(envelope, dict) or envelope.get("kind") not in ("json", "repr", "arrow", "npy"):
             raise TransferRefusedError(f"{call.operation}: the kernel's answer is not one of its data plane's")
         if envelope["kind"] in ("json", "repr"):
-            return decode_inline(envelope)
+            return decode_inline(envelope, call.operation)
         if envelope["kind"] == "arrow":
             require_arrow(call.operation)
         cap, why = self._transfer_cap()

@@ -8,7 +8,6 @@ within ``bootstrap_timeout_ms`` is killed and explained (``WorkerBootstrapError`
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,7 +16,7 @@ from typing import Any, cast
 
 from jupyter_client.asynchronous.client import AsyncKernelClient
 
-from ivralo_kernel.host.agent.dataplane import Exchange, checked_size, decode_segment
+from ivralo_kernel.host.agent.dataplane import Exchange, checked_size, decode_segment, kernel_json
 from ivralo_kernel.host.agent.kernel_worker import Asker, KernelHost, Transfer
 from ivralo_kernel.host.history.ledger import HistoryRecorder
 from ivralo_kernel.host.jupyter.interpreters import KernelLaunch
@@ -175,7 +174,9 @@ class Worker:
         exchange = self._exchange()
         path, capacity = exchange.reserve(checked_size(call.operation, envelope, "size", cap, why))
         try:
-            written = json.loads(await call.value(f"{names.DATAPLANE_NAME}.write({path!r}, {capacity})"))
+            written = kernel_json(
+                call.operation, await call.value(f"{names.DATAPLANE_NAME}.write({path!r}, {capacity})")
+            )
             length = checked_size(call.operation, written, "size", capacity, "the segment the host reserved")
             data = await off_loop(exchange.read, length)
             return await off_loop(decode_segment, envelope, data, length)

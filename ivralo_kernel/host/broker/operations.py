@@ -174,13 +174,24 @@ def parse_operation(name: str, spec: Any, where: str) -> Operation:
             raise ValueError(
                 f'{where}: operation "{name}": parameter "{pname}": "type" must be one of {", ".join(PARAM_TYPES)}'
             )
+        where_param = f'{where}: operation "{name}": parameter "{pname}"'
+        bounds = {key: pspec.get(key) for key in ("minimum", "maximum")}
+        for key, bound in bounds.items():
+            if bound is not None and (isinstance(bound, bool) or not isinstance(bound, int | float)):
+                raise ValueError(f'{where_param}: "{key}" must be a number')
+        max_length = pspec.get("max_length", MAX_STRING_PARAM)
+        if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 0:
+            raise ValueError(f'{where_param}: "max_length" must be a whole number of characters')
+        choices = pspec.get("choices", [])
+        if not isinstance(choices, list):
+            raise ValueError(f'{where_param}: "choices" must be a list')
         params[pname] = Param(
             type=pspec.get("type", "string"),
             required=bool(pspec.get("required", False)),
-            max_length=int(pspec.get("max_length", MAX_STRING_PARAM)),
-            minimum=pspec.get("minimum"),
-            maximum=pspec.get("maximum"),
-            choices=tuple(pspec.get("choices", ())),
+            max_length=max_length,
+            minimum=bounds["minimum"],
+            maximum=bounds["maximum"],
+            choices=tuple(choices),
         )
     missing = set(_PLACEHOLDER.findall(url)) - {n for n, p in params.items() if p.required}
     if missing:

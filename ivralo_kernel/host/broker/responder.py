@@ -36,6 +36,7 @@ CALL_THREADS = 4
 GRANT_DATABASES = "databases"
 MAX_SQL_CHARS = 100_000
 MAX_SQL_PARAMS = 100
+EXECUTIONS_COUNTED = 64  # the newest executions whose requests are counted (a kernel may run cells for weeks)
 
 log = logging.getLogger(__name__)
 
@@ -101,8 +102,7 @@ class BrokerResponder:
         if execution is None:
             reply(_refusal("the request is not from a running execution (a forged or late message)"))
             return
-        self._counts[execution] = self._counts.get(execution, 0) + 1
-        if self._counts[execution] > REQUESTS_PER_EXECUTION:
+        if _count(self._counts, execution) > REQUESTS_PER_EXECUTION:
             reply(_refusal(f"more than {REQUESTS_PER_EXECUTION} broker requests from one execution"))
             return
         if kind == names.BROKER_EGRESS:
@@ -146,8 +146,7 @@ class BrokerResponder:
         except (OperationError, QueryRefused) as exc:
             reply(_refusal(str(exc)))
             return
-        self._calls[execution] = self._calls.get(execution, 0) + 1
-        if self._calls[execution] > CALLS_PER_EXECUTION:
+        if _count(self._calls, execution) > CALLS_PER_EXECUTION:
             reply(_refusal(f"more than {CALLS_PER_EXECUTION} brokered calls from one execution; split the work"))
             return
         if self._pool is None:
@@ -224,6 +223,15 @@ class BrokerResponder:
             return BrokerAnswer(ok=True, result={**result, "rows": answer.rows})
 
         return job, f"{name} database", entry.url_env
+
+
+def _count(counts: dict[str, int], execution: str) -> int:
+    """One more for ``execution``: its count now. Only the newest executions are kept (an older one
+    is over: the watchdog answers none of its requests)."""
+    counts[execution] = counts.pop(execution, 0) + 1  # to the end: the newest last
+    while len(counts) > EXECUTIONS_COUNTED:
+        del counts[next(iter(counts))]
+    return counts[execution]
 
 
 def _refusal(reason: str) -> BrokerAnswer:

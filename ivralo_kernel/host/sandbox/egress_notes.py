@@ -19,6 +19,9 @@ from ivralo_kernel.protocol.messages import EgressNote
 # How long the proxy waits for the kernel to note a decision (a kernel whose native code holds the
 # GIL cannot answer; the connection goes on anyway after this).
 NOTE_WAIT_S = 2.0
+# Outcomes remembered for one execution: a cell looping over many hosts (each refused at once) would
+# otherwise grow this without end; past it the oldest are forgotten (a repeat is noted again: harmless).
+MAX_NOTES_KEPT = 1024
 
 Send = Callable[[EgressNote, Callable[[dict[str, Any]], None]], None]
 Wait = Callable[[], None]
@@ -41,6 +44,8 @@ class EgressNotes:
             first = noted is None
             if noted is None:
                 noted = self._sent[key] = threading.Event()
+                while len(self._sent) > MAX_NOTES_KEPT:
+                    del self._sent[next(iter(self._sent))]
         if first:
             note = EgressNote(host=host, port=port, allowed=allowed, reason=reason)
             self._send(note, lambda _reply: noted.set())

@@ -37,6 +37,9 @@ PROXY_VARIABLES = names.PROXY_VARIABLES
 SANDBOX_BUILD_WAIT_S = 15.0
 EXIT_WAIT_S = 2.0  # for bwrap's exit status and the rest of its stderr, once the pipe said it is gone
 STDERR_KEPT = 4000
+# The "sandbox built" line is a few dozen bytes; the host reads no further than this for it (whatever
+# holds the pipe's write end may write without end, and without a newline).
+BUILT_LINE_MAX = 4096
 LINK_COVER_TIMEOUT_S = 10.0  # the helper that covers the closed links (python's start, a few syscalls)
 log = logging.getLogger(__name__)
 
@@ -252,7 +255,7 @@ class SandboxStart:
         deadline = time.monotonic() + timeout
         said = b""
         try:
-            while b"\n" not in said:
+            while b"\n" not in said and len(said) < BUILT_LINE_MAX:
                 if not _readable(self.read_fd, deadline):
                     return None  # slow, not failed: the bootstrap budget decides
                 chunk = os.read(self.read_fd, 256)

@@ -29,6 +29,10 @@ from jupyter_client.session import Session
 DELIMITER = b"<IDS|MSG>"
 KEEP_REQUESTS = 256  # execute_requests remembered (each until its reply, or the oldest go)
 OPEN_PROMPTS_KEPT = 64  # open prompts remembered per client (a flood of the kernel's own is cut)
+# Clients with open prompts remembered: code in the kernel can address its own input_request to any
+# routing identity it makes up, so past this many the least recently prompted of those holding only
+# the kernel's own prompts are forgotten (a client with a host question open never is).
+OPEN_CLIENTS_KEPT = 256
 
 
 @dataclass(frozen=True)
@@ -81,7 +85,7 @@ class StdinQuestions:
         self._questions: OrderedDict[str, HostQuestion] = OrderedDict()
         # Per client identity: the prompts it was sent and has not answered, oldest first:
         # (True, question id) for the host's, (False, msg_id) for the kernel's.
-        self._open: dict[bytes, deque[tuple[bool, str]]] = {}
+        self._open: OrderedDict[bytes, deque[tuple[bool, str]]] = OrderedDict()
 
     # -- what the relay sees -------------------------------------------------------------
     def client_request(self, identities: list[bytes], message: list[bytes]) -> bool:
@@ -172,9 +176,15 @@ class StdinQuestions:
         """(under the lock) A prompt the client was sent. A question that ended unanswered stays
         open: the client still shows it, and the answer typed there is still not the kernel's."""
         waiting = self._open.setdefault(client, deque())
+        self._open.move_to_end(client)
         waiting.append(entry)
         while len(waiting) > OPEN_PROMPTS_KEPT:
             waiting.popleft()
+        if len(self._open) > OPEN_CLIENTS_KEPT:
+            # Never a client with a host question open: its answer must stay the host's.
+            idle = next((c for c, w in self._open.items() if not any(mine for mine, _ in w)), None)
+            if idle is not None:
+                del self._open[idle]
 
     def unreachable(self, msg_id: str) -> None:
         """The question's client has no stdin connection: nobody can answer it."""

@@ -26,6 +26,37 @@ RECONNECT_IVL_MS = 10  # how often our sockets retry a kernel that is not bound 
 OnReply = Callable[[dict[str, Any]], None]
 
 
+def message_of(
+    session: JupyterSession, frames: list[Any], types: frozenset[str] | None = None
+) -> dict[str, Any] | None:
+    """The message the frames hold, or None: unsigned, too short, not of ``types``, or not the shape
+    of a Jupyter message. Code in the kernel can publish anything on IOPub, signed too (it holds the
+    key): a header that is a list, a date that is a number, a msg_id that is a dict, content nested
+    past the parser. None of it may stop the watchdog (its deadlines would stop with it), nor reach
+    its handlers, which read a message's parts as objects of strings."""
+    try:
+        _, parts = session.feed_identities(frames, copy=False)
+        header = parts[1]
+        raw = header.bytes if isinstance(header, zmq.Frame) else header
+        if types is not None and json.loads(raw).get("msg_type") not in types:
+            return None
+        msg = session.deserialize(parts, content=True, copy=False)
+    except (ValueError, KeyError, IndexError, AttributeError, TypeError, RecursionError):
+        return None
+    return msg if _well_formed(msg) else None
+
+
+def _well_formed(msg: dict[str, Any]) -> bool:
+    header, parent = msg.get("header"), msg.get("parent_header")
+    if not isinstance(header, dict) or not isinstance(parent, dict):
+        return False
+    if not isinstance(msg.get("content"), dict) or not isinstance(msg.get("metadata"), dict):
+        return False
+    if not isinstance(header.get("msg_id"), str) or not isinstance(header.get("msg_type"), str):
+        return False
+    return all(isinstance(parent.get(key), str) for key in ("msg_id", "msg_type") if key in parent)
+
+
 class KernelChannels:
     def __init__(self, connection_info: dict[str, Any], iopub_types: frozenset[str] | None = None) -> None:
         """``iopub_types``: the IOPub messages the handler is given (None: all). Others are dropped
@@ -115,10 +146,11 @@ class KernelChannels:
         assert self.control is not None
         while (left := until - time.monotonic()) > 0 and self.control.poll(max(1, int(left * 1000))):
             try:
-                _, reply = self.session.recv(self.control, mode=zmq.NOBLOCK, content=True)
-            except (ValueError, KeyError, TypeError):  # what the kernel sent is no message: not the reply
+                frames = self.control.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
                 continue
-            if reply is None:
+            reply = message_of(self.session, frames)
+            if reply is None:  # what the kernel sent is no message: not the reply
                 continue
             if (reply.get("parent_header") or {}).get("msg_id") == msg_id:
                 return dict(reply)
@@ -145,18 +177,9 @@ class KernelChannels:
                 return
             if socket is self.iopub:
                 self.iopub_seen = True
-            try:
-                _, parts = self.session.feed_identities(frames, copy=False)
-                header = parts[1]
-                raw = header.bytes if isinstance(header, zmq.Frame) else header
-                if types is not None and json.loads(raw).get("msg_type") not in types:
-                    continue
-                msg = self.session.deserialize(parts, content=True, copy=False)
-            except (ValueError, KeyError, IndexError, AttributeError, TypeError):
-                # Unsigned, malformed, too short: code in the kernel can publish anything on IOPub,
-                # and none of it may stop the watchdog (its deadlines would stop with it).
-                continue
-            handle(msg)
+            msg = message_of(self.session, frames, types)
+            if msg is not None:
+                handle(msg)
 
     # -- any thread -------------------------------------------------------------------------
     def send_control(self, msg_type: str, content: Mapping[str, Any], on_reply: OnReply | None = None) -> None:

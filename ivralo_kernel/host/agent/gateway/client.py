@@ -21,7 +21,13 @@ from typing import Any, Protocol
 
 from tornado.websocket import WebSocketClientConnection
 
-from ivralo_kernel.host.agent.dataplane import TransferRefusedError, checked_size, decode_segment, ipc_bytes
+from ivralo_kernel.host.agent.dataplane import (
+    TransferRefusedError,
+    checked_size,
+    decode_segment,
+    ipc_bytes,
+    kernel_json,
+)
 from ivralo_kernel.host.agent.kernel_worker import Asker, Transfer
 from ivralo_kernel.host.off_loop import off_loop
 from ivralo_kernel.protocol import IvraloError, names
@@ -238,7 +244,7 @@ async def fetch_remote(kc: GatewayClient, call: Transfer, envelope: dict[str, An
     comm_id = f"ivralo-data-{uuid.uuid4().hex}"
     buffers = kc.collect(comm_id)
     try:
-        sent = json.loads(await call.value(f"{names.DATAPLANE_NAME}.send({comm_id!r}, {CHUNK_BYTES})"))
+        sent = kernel_json(call.operation, await call.value(f"{names.DATAPLANE_NAME}.send({comm_id!r}, {CHUNK_BYTES})"))
         size = checked_size(call.operation, sent, "size", cap, why)
         chunks = checked_size(call.operation, sent, "chunks", size // CHUNK_BYTES + 1, "its size in chunks")
         while len(buffers) < chunks:  # IOPub may trail the shell reply
