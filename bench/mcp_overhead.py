@@ -106,7 +106,7 @@ async def paired(workspace: Path, mode: str, calls: int) -> tuple[list[float], l
 def harness(ctx: Context) -> list[Metric]:
     from harness_api import LATENCY, Metric
 
-    calls = ctx.pick(smoke=20, full=200)
+    calls = ctx.pick(smoke=20, full=400)  # the pairs are noisy on a shared machine
     metrics = []
     for mode in MODES:
         folder = ctx.root / f"ws-{mode}"
