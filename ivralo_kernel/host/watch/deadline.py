@@ -15,7 +15,7 @@ from typing import Any
 
 from ivralo_kernel.host.watch.escalation import Action, DeadlinePolicy, Escalation, Phase
 from ivralo_kernel.host.watch.kernel_channels import KernelChannels
-from ivralo_kernel.host.watch.observer import Sample, sample_tree
+from ivralo_kernel.host.watch.observer import SHARED_SCAN_MAX_AGE_S, tree_cpu_s
 from ivralo_kernel.protocol import names
 from ivralo_kernel.protocol.messages import DeadlineNotice
 from ivralo_kernel.protocol.terminal import terminal_safe
@@ -57,7 +57,8 @@ class DeadlineWatch:
         # while it sleeps on past its deadline. None: no relay, the kernel's word and the tree's CPU.
         self._replied = replied
         self._armed: set[str] = set()
-        self._settle_from: dict[str, Sample] = {}  # a settling execution's last sample of the tree
+        # A settling execution's last reading of its tree: (when, CPU seconds so far).
+        self._settle_from: dict[str, tuple[float, float]] = {}
         self._lock = threading.Lock()  # pause/resume come from brokered calls' threads
 
     @property
@@ -98,8 +99,9 @@ class DeadlineWatch:
             if escalation is None:
                 return
             escalation.on_idle(self._clock())
-            if escalation.phase is Phase.SETTLING:
-                self._take_reference(msg_id)  # the kernel's word; the tree's comes from samples from here on
+            settling = escalation.phase is Phase.SETTLING
+        if settling:
+            self._take_reference(msg_id)  # the kernel's word; the tree's comes from samples from here on
 
     # -- any thread --------------------------------------------------------------------------
     def phase_of(self, msg_id: str) -> Phase | None:
@@ -157,26 +159,39 @@ class DeadlineWatch:
             if escalation is None:
                 return
             action = escalation.on_confirm((reply.get("content") or {}).get("executing") == msg_id, self._clock())
-            if escalation.phase is Phase.SETTLING:
-                self._take_reference(msg_id)
+            settling = escalation.phase is Phase.SETTLING
             self._arm(msg_id)
+        if settling:
+            self._take_reference(msg_id)
         if action is Action.KILL:
             self._kill(msg_id, self.cause)
 
     def _take_reference(self, msg_id: str) -> None:
-        reference = sample_tree(self._root_pid, self._clock, max_age_s=0, count_held=False)
+        """(the watchdog's thread, not holding the lock) The tree's CPU as the kernel says it ended,
+        which the settling checks compare with. Read outside the lock, so that a caller asking how
+        the execution went (``interrupted``, ``phase_of``, as every result does) never waits for it.
+        Who belongs to the tree comes from the shared scan (``SHARED_SCAN_MAX_AGE_S`` old at most):
+        a fresh scan reads every process of the machine (over a millisecond, on the path of every
+        cell's result), and what a stale one can miss, a process forked within that moment, only
+        adds its CPU to the first check's difference: it can delay the quiet verdict by one check,
+        never give it. The checks themselves scan afresh."""
+        reference = self._read_cpu(SHARED_SCAN_MAX_AGE_S)
         if reference is not None:
             self._settle_from[msg_id] = reference
 
+    def _read_cpu(self, max_age_s: float) -> tuple[float, float] | None:
+        cpu_s = tree_cpu_s(self._root_pid, max_age_s)
+        return None if cpu_s is None else (self._clock(), cpu_s)
+
     def _check_quiet(self, msg_id: str, now: float) -> Action:
         """A settling or paused execution: has the tree computed since the last sample?"""
-        sample = sample_tree(self._root_pid, self._clock, max_age_s=0, count_held=False)
+        reading = self._read_cpu(0)
         reference = self._settle_from.get(msg_id)
         quiet, span = True, 0.0  # the tree is gone: nothing computes
-        if sample is not None:
-            self._settle_from[msg_id] = sample
-            span = sample.at - reference.at if reference is not None else 0.0
-            quiet = reference is not None and sample.cpu_s - reference.cpu_s <= QUIET_CPU_SHARE * max(span, 0.01)
+        if reading is not None:
+            self._settle_from[msg_id] = reading
+            span = reading[0] - reference[0] if reference is not None else 0.0
+            quiet = reference is not None and reading[1] - reference[1] <= QUIET_CPU_SHARE * max(span, 0.01)
         with self._lock:
             escalation = self.escalations.get(msg_id)
             settling = escalation is not None and escalation.phase is Phase.SETTLING

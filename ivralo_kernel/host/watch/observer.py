@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import threading
 import time
 from collections import deque
@@ -128,6 +129,37 @@ def sample_tree(
         state, threads = "gone", 0
     held = held_memory.held((p.pid for p in procs), exchange_dir, sizes) if count_held else held_memory.Held()
     return Sample(clock(), cpu, rss, len(procs), state, _wchan(main.pid), threads, held.bytes, held.inotify)
+
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _cpu_s_of(pid: int) -> float | None:
+    """User and system CPU seconds of one process (its own, not its waited-for children's), from
+    ``/proc/PID/stat`` as psutil reads them; None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    # The command name is in parentheses and may itself contain spaces or ')'; utime and stime
+    # are the 14th and 15th fields, the 12th and 13th after it.
+    fields = stat[stat.rfind(b")") + 2 :].split()
+    try:
+        return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+    except (IndexError, ValueError):
+        return None
+
+
+def tree_cpu_s(root_pid: int, max_age_s: float = SHARED_SCAN_MAX_AGE_S) -> float | None:
+    """The CPU seconds ``root_pid`` and its descendants have used, summed, or None if the root is
+    gone: ``sample_tree``'s ``cpu_s`` alone, one read of ``/proc/PID/stat`` a process (the deadline's
+    settling checks need no memory, state or threads, and run on the path of every cell's result)."""
+    root = _cpu_s_of(root_pid)
+    if root is None:
+        return None
+    readings = (_cpu_s_of(pid) for pid in PARENT_LINKS.descendants(root_pid, max_age_s))
+    return root + sum(cpu for cpu in readings if cpu is not None)  # None: ended since the scan
 
 
 BOOT_FLAT_WINDOW_S = 0.5
