@@ -80,3 +80,29 @@ def test_the_record_forgets_folders_that_are_gone_and_survives_a_torn_write(tmp_
     WorkspaceFiles(str(kept), env).begin()
     assert set(json.loads(record.read_text())) == {str(kept)}, "the gone folder's entry stays"
     assert not list(record.parent.glob(".*.new")), "a temporary file of the replace was left"
+
+
+def test_a_restart_after_a_crash_names_no_file_as_changed(workspace: Path) -> None:
+    """The sandbox's placeholder for a missing databases.json (an empty file) is still there when a
+    crashed kernel is restarted; it is no change of the kernel's (the restarter's banner said so)."""
+    from conftest import wait_until
+    from jupyter_client.manager import KernelManager
+
+    km = KernelManager(kernel_name="ivralo")
+    km.start_kernel(cwd=str(workspace))
+    try:
+        kc = km.client()
+        kc.start_channels()
+        kc.wait_for_ready(timeout=60)
+        kc.execute("import os; os._exit(1)")
+        wait_until(lambda: not km.is_alive(), 30, "the kernel's crash")
+        kc.stop_channels()
+        km.restart_kernel(now=True, newports=True)
+        kc = km.client()
+        kc.start_channels()
+        kc.wait_for_ready(timeout=60)
+        banner = kc.kernel_info(reply=True)["content"]["banner"]
+        kc.stop_channels()
+        assert "was changed while a kernel" not in banner, banner
+    finally:
+        km.shutdown_kernel(now=True)

@@ -46,11 +46,14 @@ _ABSENT = "absent"
 
 def digest(path: Path) -> str:
     try:
-        return hashlib.sha256(path.read_bytes()).hexdigest()
+        data = path.read_bytes()
     except (FileNotFoundError, IsADirectoryError):  # a directory: the sandbox's placeholder, no file
         return _ABSENT
     except OSError:
         return "unreadable"
+    # An empty file is read as no file (config_files.read_json_file, the .env reader), and it is the
+    # sandbox's placeholder for a missing databases.json: left by a crashed kernel, it is no change.
+    return hashlib.sha256(data).hexdigest() if data else _ABSENT
 
 
 # What ``stamp`` returns: (device, inode, size, mtime, ctime), None for a missing file.
