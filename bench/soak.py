@@ -238,6 +238,9 @@ class Watch:
         self.me = psutil.Process()
         self.server: psutil.Process | None = None
         self.seen: dict[tuple[int, float], str] = {}  # (pid, create_time): cmdline
+        # What this process ran before the soak (in a test suite: its session's PostgreSQL server) is
+        # not the soak's: neither it nor what it starts (its workers) is watched.
+        self.before = {(p.pid, p.create_time()) for p in self.me.children()}
 
     def note_pid(self, pid: int | None) -> None:
         if pid is None:
@@ -247,10 +250,17 @@ class Watch:
             self.seen.setdefault((pid, p.create_time()), " ".join(p.cmdline())[:160])
 
     def note_descendants(self) -> None:
-        roots = [self.me] + ([self.server] if self.server else [])
-        for root in roots:
+        tops: list[psutil.Process] = []
+        with contextlib.suppress(psutil.Error):
+            for child in self.me.children():  # orphans the soak reaps (a kernel's daemon) come here too
+                with contextlib.suppress(psutil.Error):
+                    if (child.pid, child.create_time()) not in self.before:
+                        tops.append(child)
+        if self.server is not None and self.server not in tops:
+            tops.append(self.server)
+        for top in tops:
             with contextlib.suppress(psutil.Error):
-                for p in root.children(recursive=True):
+                for p in [top, *top.children(recursive=True)]:
                     with contextlib.suppress(psutil.Error):
                         self.seen.setdefault((p.pid, p.create_time()), " ".join(p.cmdline())[:160])
 

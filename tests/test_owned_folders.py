@@ -99,7 +99,9 @@ def test_a_killed_fallback_supervisors_tmp_folder_is_swept(workspace: Path) -> N
         wait_until(lambda: gone(supervisor), 30, "the supervisor's end")
         # Stale now. The host may sweep it at once (it replaces the killed kernel: a new start, which
         # sweeps when its last sweep is old); else the next start's sweep, done here, removes it.
-        assert not folder.exists() or not is_held(folder)
+        wait_until(
+            lambda: not folder.exists() or not is_held(folder), 10, "the killed supervisor's folder to be let go"
+        )
         sweep_stale_folders(tmp, "ivralo-")
         assert not folder.exists()
     finally:

@@ -56,6 +56,12 @@ CONTROL_EXECUTE_REFUSED = (
     "execute_request on the control channel is refused: ivralo runs code only on the shell "
     "channel, on the one thread where interrupts and deadlines reach it. Send it on shell."
 )
+# How long the kernel may take to leave after its shutdown_reply. ipykernel's own exit sometimes waits
+# for ever (seen in about 1 of 10 raw launches: the main thread blocked in a join while two threads
+# read the captured output pipes), and then nothing ends it: VS Code and the person's terminal wait
+# on the process. A normal exit takes about 0.1 s here.
+SHUTDOWN_EXIT_GRACE_S = 3.0
+
 SUBSHELLS_REFUSED = (
     "subshells are not supported by the ivralo kernel: code in a subshell cannot be interrupted "
     "or held to a deadline. Send the request without a subshell_id."
@@ -181,6 +187,16 @@ class IvraloKernel(compat.KernelOverrides, IPythonKernel):
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(arrived.wait(), HOST_CONNECT_TIMEOUT_S)
         self._host_gate = False
+
+    def do_shutdown(self, restart: bool) -> dict[str, Any]:  # type: ignore[override]  # IPythonKernel's is sync
+        """ipykernel's, with an exit that cannot hang: the reply goes out, and a process still here
+        ``SHUTDOWN_EXIT_GRACE_S`` later leaves at once (a daemon timer: it keeps nothing alive). Only
+        in a kernel process ivralo's launcher started: an in-process kernel's process is its host's."""
+        if STATE.policy is not None:
+            timer = threading.Timer(SHUTDOWN_EXIT_GRACE_S, os._exit, args=(0,))
+            timer.daemon = True
+            timer.start()
+        return dict(super().do_shutdown(restart))
 
     # -- execution -------------------------------------------------------------------------
     async def do_execute(  # type: ignore[override]
