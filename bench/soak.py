@@ -67,17 +67,9 @@ SESSION_KINDS = {  # kind: weight
     "broker": 1.0,
     "table": 1.0,
 }
-LAB_KINDS = {
-    "run": 3.0,
-    "large_output": 1.0,
-    "deadline_interrupted": 1.0,
-    "deadline_killed": 0.5,
-    "memory_error": 1.0,
-    "crash": 0.5,
-    "interrupt": 0.5,
-    "restart": 0.5,
-    "broker": 1.0,
-}
+# The lab kernel makes the same calls, but egress (its question would need the websocket's stdin
+# answered) and tables (the namespace API is the agent's).
+LAB_KINDS = {kind: weight for kind, weight in SESSION_KINDS.items() if kind not in ("egress", "table")}
 
 RUN = "x = sum(range(1000))\nprint(x)"
 LARGE = "print('x' * 1_000_000)"

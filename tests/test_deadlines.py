@@ -3,6 +3,7 @@ or lost exactly as the message says, no process left behind."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -17,6 +18,7 @@ from jupyter_client.kernelspec import KernelSpecManager
 from kernel_helpers import execute, raw_client
 
 from ivralo_kernel.host import Session, WorkerConfig
+from ivralo_kernel.host.agent.session_calls import RunResult
 from ivralo_kernel.host.watch.escalation import Phase
 
 DEADLINE_MS, GRACE_MS = 1500, 700
@@ -328,19 +330,24 @@ async def test_without_interrupt_before_kill_the_deadline_kills_at_once(workspac
         assert elapsed <= DEADLINE_MS / 1000 + 0.25 + SLACK_S
 
 
-async def test_esc_stops_at_once_and_lists_the_lost_names(workspace: Path) -> None:
-    import asyncio
+async def _running_call(session: Session, workspace: Path) -> asyncio.Task[RunResult]:
+    """A minute-long call, once its cell says it runs (a file it writes: the handshake)."""
+    started = workspace / "started"
+    started.unlink(missing_ok=True)
+    in_flight = asyncio.create_task(
+        session.run("import time, pathlib\npathlib.Path('started').touch()\ntime.sleep(60)")
+    )
+    deadline = time.monotonic() + 30
+    while not started.exists():
+        assert time.monotonic() < deadline, "the cell never started"
+        await asyncio.sleep(0.02)
+    return in_flight
 
+
+async def test_esc_stops_at_once_and_lists_the_lost_names(workspace: Path) -> None:
     async with Session(workspace=workspace, config=WorkerConfig()) as session:
         await session.run("a = 1\nb = 2")
-        started = workspace / "started"
-        in_flight = asyncio.create_task(
-            session.run("import time, pathlib\npathlib.Path('started').touch()\ntime.sleep(60)")
-        )
-        deadline = time.monotonic() + 30
-        while not started.exists():  # handshake: the cell itself says it runs
-            assert time.monotonic() < deadline, "the cell never started"
-            await asyncio.sleep(0.02)
+        in_flight = await _running_call(session, workspace)
         start = time.monotonic()
         answer = await session.interrupt()
         result = await in_flight
@@ -361,8 +368,6 @@ def _our_tree(before: set[int]) -> set[int]:
 
 
 async def test_restart_starts_a_fresh_kernel_before_it_returns(workspace: Path) -> None:
-    import asyncio
-
     lost_text = (
         "REPL worker terminated (restarted: ended by the user's restart; a fresh kernel takes its place). "
         "ALL variables in this session were lost: {}. You must recreate any state you need before retrying."
@@ -387,14 +392,7 @@ async def test_restart_starts_a_fresh_kernel_before_it_returns(workspace: Path) 
 
         # During a call: the call returns the same loss, and the fresh kernel is there when restart returns.
         await session.run("c = 3")
-        started = workspace / "started"
-        in_flight = asyncio.create_task(
-            session.run("import time, pathlib\npathlib.Path('started').touch()\ntime.sleep(60)")
-        )
-        deadline = time.monotonic() + 30
-        while not started.exists():  # handshake: the cell itself says it runs
-            assert time.monotonic() < deadline, "the cell never started"
-            await asyncio.sleep(0.02)
+        in_flight = await _running_call(session, workspace)
         old_tree = _our_tree(before)
         answer = await session.restart()
         message = lost_text.format("c").replace(

@@ -9,9 +9,9 @@ it, nobody owns the folder any more and it is removed; where it does not, a live
 stays. The stamp also says ``pid start_time`` of the owner, for people and for tests (``tests/
 leftovers.py``), never for the decision: pids are reused, locks are not.
 
-The stamp is locked under a temporary name and only then renamed into place, so a sweep never sees an
-unlocked stamp of a folder being made. A folder without a stamp (one being made, or left by an older
-release) is never removed.
+The stamp itself (made locked, then renamed into place) is ``protocol/owner_stamp.py``'s, shared with
+the fallback supervisor's private /tmp folder. A folder without a stamp (one being made, or left by an
+older release) is never removed.
 """
 
 from __future__ import annotations
