@@ -78,6 +78,41 @@ class KernelOverrides:
         finally:
             signal.signal(signal.SIGINT, previous)
 
+    def pre_handler_hook(self) -> None:
+        """Overrides ``Kernel.pre_handler_hook()``, which ipykernel 7.4's ``dispatch_shell`` calls before
+        each shell handler to set ``default_int_handler`` (saved in ``saved_sigint_handler``, which
+        ``post_handler_hook`` puts back). Sets ``sigint_handler()`` instead.
+
+        If renamed or no longer called: a second SIGINT during a cell's end loses its execute_reply
+        (kernel/interrupts.py), and the host kills the kernel at its deadline + grace.
+        """
+        self.saved_sigint_handler = signal.signal(signal.SIGINT, self.sigint_handler())
+
+    def sigint_handler(self) -> Callable[[int, Any], None]:
+        """Hook: the SIGINT handler for shell messages."""
+        return signal.default_int_handler
+
+
+def wrap_run_code(shell: Any, enter: Callable[[Any], Any], leave: Callable[[], None]) -> None:
+    """Calls ``enter(code) -> code`` before and ``leave()`` after each top-level statement a cell
+    runs: ``InteractiveShell.run_code(code_obj, result=None, *, async_=False)`` (IPython 9.18, awaited
+    by ``run_ast_nodes`` once per statement; its exception handling and traceback display are inside).
+    Set on the instance, so IPython's own callers get it.
+
+    If renamed or no longer called: every SIGINT during an execution is held and none raised, so
+    interrupts and deadlines stop nothing and the host kills at deadline + grace (tests/test_deadlines.py).
+    """
+    original = shell.run_code
+
+    async def run_code(code_obj: Any, result: Any = None, *, async_: bool = False) -> Any:
+        run = enter(code_obj)
+        try:
+            return await original(run, result, async_=async_ and run is code_obj)
+        finally:
+            leave()
+
+    shell.run_code = run_code
+
 
 def shell_parent_ident(kernel: Any) -> Any:
     """The routing identities of the running shell request's sender (a list of bytes frames), from

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -106,3 +107,36 @@ def test_a_killed_fallback_supervisors_tmp_folder_is_swept(workspace: Path) -> N
         assert not folder.exists()
     finally:
         manager.shutdown_kernel(now=True)
+
+
+@pytest.mark.timeout(90)
+async def test_a_kernel_whose_restarts_failed_leaves_no_folder(workspace: Path) -> None:
+    """jupyter_client's restarter gives up after ``restart_limit`` crashes in a row and fires "dead";
+    jupyter_server then drops the kernel from its map and never shuts it down. Its folders went only
+    when the server exited, and stayed after it (the soak found them)."""
+    from jupyter_client.ioloop import AsyncIOLoopKernelManager
+    from traitlets.config import Config
+
+    before = set(folders_of(os.getpid()))
+    config = Config({"KernelRestarter": {"restart_limit": 0}})  # the first crash is one too many
+    manager = AsyncIOLoopKernelManager(kernel_name="ivralo", config=config)
+    await manager.start_kernel(cwd=str(workspace))
+    client = manager.client()
+    try:
+        mine = set(folders_of(os.getpid())) - before
+        assert mine, "the kernel's own folders (runtime, exchange) were not found"
+        dead = asyncio.Event()
+        manager.add_restart_callback(dead.set, "dead")  # after the provisioner's own (post_launch)
+        client.start_channels()
+        await client.wait_for_ready(timeout=60)
+        client.execute("import os; os._exit(1)")
+        await asyncio.wait_for(dead.wait(), 60)
+        left = set(folders_of(os.getpid())) & mine
+        assert not left, f"a dead kernel's folders stayed: {sorted(map(str, left))}"
+    finally:
+        client.stop_channels()
+        manager.stop_restarter()
+        if await manager.is_alive():
+            await manager.shutdown_kernel(now=True)
+        else:
+            await manager.cleanup_resources()  # what jupyter_server never does for it: the control socket

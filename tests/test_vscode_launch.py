@@ -97,7 +97,8 @@ def test_sigint_to_the_launched_pid_interrupts_the_cell(raw: RawKernel) -> None:
     os.kill(raw.proc.pid, signal.SIGINT)  # VS Code's Interrupt button: the pid it launched (the supervisor)
     reply = reply_to(raw.client, msg_id, 10)
     assert reply["content"]["ename"] == "KeyboardInterrupt"
-    assert execute(raw.client, "print('still here')").stdout == "still here\n"
+    after = execute(raw.client, "print('still here')")
+    assert after.stdout == "still here\n", (after.reply["content"], after.outputs, after.stderr)
 
 
 def test_one_sigint_is_delivered_once(raw: RawKernel) -> None:

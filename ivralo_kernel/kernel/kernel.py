@@ -37,6 +37,7 @@ from ivralo_kernel.kernel.cell_checks import install_cell_checks, make_hermetic
 from ivralo_kernel.kernel.deadline import DeadlineNotices, InKernelWatchdog, SupervisorBackstop, interrupt_cell
 from ivralo_kernel.kernel.effects import EffectsRecorder
 from ivralo_kernel.kernel.error_hints import private_tmp_hint
+from ivralo_kernel.kernel.interrupts import InterruptWindow
 from ivralo_kernel.kernel.launch_state import STATE
 from ivralo_kernel.kernel.pip_magic import guarded_pip
 from ivralo_kernel.kernel.shell_pip import shell_pip_check
@@ -90,6 +91,9 @@ class IvraloKernel(compat.KernelOverrides, IPythonKernel):
         # IPython keeps one custom-exception hook: the deadline's message, and refusals shown
         # without ivralo's own frames (OSError: the guards' refusals are PermissionError, gaierror).
         self.shell.set_custom_exc((KeyboardInterrupt, OSError, ImportError), _show_exception)
+        # SIGINT raises only in the cell's own code: one during the reply would lose it (interrupts.py).
+        self.interrupts = InterruptWindow()
+        compat.wrap_run_code(self.shell, self.interrupts.enter_code, self.interrupts.leave_code)
         self._replacement_gate = _ReplacementGate() if os.environ.pop(names.ENV_REPLACEMENT, "") else None
         self._host_gate = BROKER.comm_id is not None  # a host started us: wait for its hello first
         BROKER.publish = self._publish_broker_request
@@ -199,6 +203,15 @@ class IvraloKernel(compat.KernelOverrides, IPythonKernel):
         return dict(super().do_shutdown(restart))
 
     # -- execution -------------------------------------------------------------------------
+    async def execute_request(self, stream: Any, ident: Any, parent: Any) -> None:  # type: ignore[override]
+        """ipykernel's, with SIGINT held until the cell's code runs and dropped after it (interrupts.py):
+        from the request's arrival to its reply, not only in ``do_execute``."""
+        self.interrupts.begin_execution()
+        try:
+            await super().execute_request(stream, ident, parent)
+        finally:
+            self.interrupts.end_execution()
+
     async def do_execute(  # type: ignore[override]
         self,
         code: str,
@@ -266,6 +279,9 @@ class IvraloKernel(compat.KernelOverrides, IPythonKernel):
             self._last_effects = None
         return metadata
 
+    def sigint_handler(self) -> Any:
+        return self.interrupts.handler
+
     # -- control-channel handlers (Control thread) -----------------------------------------
     async def ivralo_deadline_notice(self, stream: Any, ident: Any, parent: dict[str, Any]) -> None:
         """The host's deadline for ``msg_id`` passed: record why, and interrupt the main thread.
@@ -279,8 +295,10 @@ class IvraloKernel(compat.KernelOverrides, IPythonKernel):
         msg_id, deadline_ms, act_before = content.get("msg_id"), content.get("deadline_ms"), content.get("act_before")
         ok = isinstance(msg_id, str) and isinstance(deadline_ms, int) and isinstance(act_before, float)
         interrupted = False
-        if ok and msg_id == self._executing and time.monotonic() < act_before:
+        if ok and msg_id == self._executing:
+            # Late too: the host's own SIGINT is on its way then, and its interrupt is the deadline's.
             self.deadline_notices.add(msg_id, deadline_ms)
+        if ok and msg_id == self._executing and time.monotonic() < act_before:
             main = threading.main_thread().ident
             assert main is not None
             interrupt_cell(main)
@@ -393,6 +411,8 @@ def _show_exception(shell: Any, etype: type, value: BaseException, tb: Any, tb_o
     for in the sandbox's own /tmp with the sentence that says so (``error_hints``); anything else as
     usual."""
     kernel = shell.kernel
+    if isinstance(kernel, IvraloKernel):
+        kernel.interrupts.leave_code()  # the cell's code is over: a SIGINT now must not cut its display
     if issubclass(etype, KeyboardInterrupt):
         msg_id = kernel._executing if isinstance(kernel, IvraloKernel) else None
         deadline_ms = kernel.deadline_notices.get(msg_id) if isinstance(kernel, IvraloKernel) else None

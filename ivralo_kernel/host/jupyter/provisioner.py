@@ -94,6 +94,7 @@ class IvraloProvisioner(KernelWatch, SpareAdoption, LocalProvisioner, IvraloSett
     bwrap_report = ""  # which bwrap builds it and why (the others passed over), for the banner
     _sandbox_failed = ""  # bwrap could not build this provisioner's sandbox: later starts fall back at once
     _fallback_launch: tuple[list[str], dict[str, str]] | None = None  # this launch without bwrap (auto)
+    _released_when_dead = False  # the restarter's "dead" callback is registered
 
     def policy_for(self, cwd: str) -> KernelPolicy:
         """The launch policy the supervisor enforces, from these settings (the workspace: ``cwd`` if none)."""
@@ -390,10 +391,28 @@ class IvraloProvisioner(KernelWatch, SpareAdoption, LocalProvisioner, IvraloSett
         """After the launch: starts the watchdog, lets go of an adopted spare's files, tops up the spares."""
         await super().post_launch(**kwargs)
         self._start_watchdog()
+        self._release_when_dead()
         if self._adopting is not None:
             prewarm.POOL.discard(self._adopting)  # its manager's files (connection file, control socket)
             self._adopting = None
         self._want_spares()
+
+    def _release_when_dead(self) -> None:
+        """After ``restart_limit`` crashes in a row jupyter_client's restarter gives up and fires "dead";
+        jupyter_server then drops the kernel from its map without shutting it down, so no cleanup runs:
+        its folders, segments, relay and proxy stayed until the server exited, and the folders after it
+        (found by the soak: a notebook crashing every few seconds). Registered once: the restarter
+        outlives restarts (``KernelManager.start_restarter`` makes one per manager)."""
+        manager = self.parent
+        if self._released_when_dead or manager is None or not hasattr(manager, "add_restart_callback"):
+            return
+        manager.add_restart_callback(self._on_dead, "dead")
+        self._released_when_dead = True
+
+    def _on_dead(self) -> None:
+        """(the server's loop) The restarter gave up on this kernel: nothing will restart or shut it down."""
+        self.log.warning("ivralo: the kernel died and its restarts failed; its folders and relay are released")
+        self.resources.close(restart=False)
 
     def _backstop_line(self, execution: str, kill_at: float | None) -> None:
         """(watchdog thread) Arm or disarm the supervisor's backstop for one execution."""
