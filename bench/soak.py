@@ -133,6 +133,7 @@ class Verdict:
     tolerated: list[str] = field(default_factory=list)
     out_dir: Path | None = None
     summary: str = ""
+    server_log: str = ""  # the jupyter_server's own log (the lab kernels' provisioners log there)
 
 
 # --- the loopback server: egress targets on 127.0.0.2-101 and the broker's API on 127.0.0.1 -----
@@ -430,6 +431,7 @@ class LabDriver:
         self.ws: Any = None
         self.n = 0
         self.replaced = False
+        self.dead = False  # jupyter_server said "dead": its restarter gave up after crashes in a row
 
     def _rest(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
         import requests
@@ -526,6 +528,10 @@ class LabDriver:
             msg = await self.recv(until)
             if msg is None:
                 raise TimeoutError(code)
+            if msg["msg_type"] == "status" and msg["content"].get("execution_state") == "dead":
+                outputs.append({"msg_type": RESTARTED, "content": {"text": "dead"}})
+                self.dead = True
+                return reply, outputs, True
             if msg["msg_type"] == "status" and msg["content"].get("execution_state") in ("restarting", "starting"):
                 outputs.append({"msg_type": RESTARTED, "content": {"text": msg["content"]["execution_state"]}})
                 self.replaced = True
@@ -544,9 +550,16 @@ class LabDriver:
 
     async def call(self, kind: str) -> str:
         until = time.monotonic() + self.soak.settings.call_timeout_s
-        self.replaced = False
+        self.replaced = self.dead = False
         outcome = await self._call(kind, until)
-        if self.replaced:  # the cell's kernel was replaced in place: wait for the fresh one, as a frontend does
+        if self.dead:
+            # A crash after crashes in a row (restart_limit, stable_start_time): jupyter_server gives up and
+            # drops the kernel, as documented. A person starts another; so does the soak, and counts it.
+            self.soak.verdict.notes.append(f"{self.name}: jupyter_server declared its kernel dead ({kind}); a new one")
+            self.ws.close()
+            self.ws = None
+            await self.start()
+        elif self.replaced:  # the cell's kernel was replaced in place: wait for the fresh one, as a frontend does
             await self.wait_ready(until - time.monotonic())
         return outcome
 
@@ -572,6 +585,8 @@ class LabDriver:
         if kind == "crash":
             await self.note_kernel()
             reply, outputs, restarted = await self.execute(CRASH, until)
+            if self.dead:
+                return "ok"  # it crashed, and too often for Jupyter's restarter: call() starts a new kernel
             if not restarted and reply is None:
                 model = await self.rest("GET", f"/api/kernels/{self.kernel_id}")
                 restarted = model.get("execution_state") in ("restarting", "starting")
@@ -888,6 +903,8 @@ def write_results(settings: Settings, v: Verdict) -> Path:
         "samples": v.samples,
     }
     (out / "results.json").write_text(json.dumps(record, indent=1), encoding="utf-8")
+    if v.server_log:
+        (out / "jupyter_server.log").write_text(v.server_log, encoding="utf-8")
     figure = plot(v.samples, out)
     (out / "summary.md").write_text(v.summary + f"\nPlot: {figure.name}\n", encoding="utf-8")
     v.out_dir = out
@@ -901,6 +918,8 @@ async def run_soak(settings: Settings) -> Verdict:
             sys.path.insert(0, folder)
     with tempfile.TemporaryDirectory(prefix="soak-") as tmp:
         verdict = await Soak(settings, Path(tmp)).run()
+        for log in Path(tmp).glob("*jupyter_server.log"):
+            verdict.server_log = log.read_text(encoding="utf-8", errors="replace")[-4_000_000:]
     write_results(settings, verdict)
     return verdict
 
