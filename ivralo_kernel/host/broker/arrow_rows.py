@@ -30,6 +30,7 @@ from typing import Any
 from ivralo_kernel.host.broker.vault import CredentialVault
 
 _NUMBER_TEXT = re.compile(r"[0-9.eE+-]+")  # a form that could be inside a number's text
+_JSON_KINDS = frozenset({int, float, str, bool})  # what ``_json_value`` leaves as it is
 _REDACTED = re.compile(r"<([A-Za-z_][A-Za-z0-9_]*)>")  # a name ``CredentialVault.redact`` wrote
 
 
@@ -87,29 +88,26 @@ class ArrowRows:
 
     # -- one column of one batch --------------------------------------------------------------
     def _array(self, values: Sequence[Any], converted: bool = False) -> tuple[Any, bool]:
-        """The column's values as an Arrow array, and whether it is their JSON text."""
+        """The column's values as an Arrow array, and whether it is their JSON text. pyarrow infers
+        the type first: int64, bool and string it infers only for values all of that kind (or None),
+        so only a double (an int or a bool among floats) needs the values' own types looked at."""
         pa, pc = self._pa, self._pc
-        kinds = set(map(type, values))
-        kinds.discard(type(None))
-        if not kinds:
-            return pa.nulls(len(values)), False
-        if len(kinds) == 1:
-            kind = next(iter(kinds))
-            try:
-                if kind is int:
-                    return pa.array(values, pa.int64()), False
-                if kind is str:
-                    return pa.array(self._clean(values, False), pa.string()), False
-                if kind is bool:
-                    return pa.array(values, pa.bool_()), False
-                if kind is float:
-                    array = pa.array(values, pa.float64())
-                    if pc.all(pc.is_finite(array)).as_py() is not False:
-                        return array, False
-                    return self._json_text(values), True  # NaN, inf: JSON carries them as text ("nan")
-            except (OverflowError, UnicodeEncodeError, pa.ArrowException):  # an int past int64, a lone surrogate
-                return self._json_text(values), True
-        if not converted and not kinds <= {int, float, str, bool}:
+        try:
+            array = pa.array(values)
+        except (OverflowError, UnicodeEncodeError, TypeError, ValueError, pa.ArrowException):
+            array = None  # an int past int64, a lone surrogate, kinds mixed
+        if array is not None:
+            kind = array.type
+            if kind in (pa.int64(), pa.bool_(), pa.null()):
+                return array, False
+            if kind == pa.string():
+                cleaned = self._clean(values, False)
+                return (array if cleaned is values else pa.array(cleaned, pa.string())), False
+            if kind == pa.float64() and {type(v) for v in values} <= {float, type(None)}:
+                if pc.all(pc.is_finite(array)).as_py() is not False:
+                    return array, False
+                return self._json_text(values), True  # NaN, inf: JSON carries them as text ("nan")
+        if not converted and any(v is not None and type(v) not in _JSON_KINDS for v in values):
             # Dates, Decimals, bytes...: what JSON would carry (only this column's values are touched).
             return self._array([v if v is None else self._json_value(v) for v in values], converted=True)
         return self._json_text(values), True
