@@ -242,8 +242,12 @@ print(json.dumps(_k))
 """
 
 
-def sql(n: int, rows_in_table: int) -> tuple[list[dict[str, float]], list[dict[str, float]]]:
-    """(the dicts' marks, the DataFrames' marks), alternating in one cell."""
+def sql(
+    n: int, rows_in_table: int, arrow_min_rows: int | None
+) -> tuple[list[dict[str, float]], list[dict[str, float]]]:
+    """(the dicts' marks, the DataFrames' marks), alternating in one cell. ``arrow_min_rows``: the
+    host's threshold for an Arrow answer, instead of ``databases.ARROW_MIN_ROWS`` (where JSON and
+    Arrow cross: compare a small table with 0 and with one above its rows)."""
     sys.path.insert(0, str(Path(__file__).parent))
     import broker as bench
     from startup_latency import isolate_jupyter
@@ -251,6 +255,8 @@ def sql(n: int, rows_in_table: int) -> tuple[list[dict[str, float]], list[dict[s
     from ivralo_kernel.host.broker import arrow_rows, databases, responder, result_segments
     from ivralo_kernel.host.watch import broker_link, kernel_channels
 
+    if arrow_min_rows is not None:
+        databases.ARROW_MIN_ROWS, databases.ARROW_MIN_BYTES = arrow_min_rows, 0 if arrow_min_rows == 0 else 1 << 40
     marks: dict[str, Marks] = {}
     current: list[str] = []
 
@@ -313,10 +319,11 @@ def main() -> None:
     p.add_argument("--broker", action="store_true")
     p.add_argument("--sql", action="store_true")
     p.add_argument("--rows", type=int, default=100_000, help="--sql: rows in the table (default 100,000)")
+    p.add_argument("--arrow-min-rows", type=int, help="--sql: the host's threshold for an Arrow answer")
     p.add_argument("-n", type=int, default=100, help="requests (default 100; the broker: at most 95 per cell)")
     args = p.parse_args()
     if args.sql:
-        dicts, frames = sql(min(args.n, 20), args.rows)
+        dicts, frames = sql(args.n if args.rows < 10_000 else min(args.n, 20), args.rows, args.arrow_min_rows)
         print(f"ivralo.sql of {args.rows:,} rows x 5 columns -> dicts (us from the call's start)")
         report(dicts)
         print("ivralo.sql(dataframe=True), the same rows (us from the call's start)")

@@ -30,6 +30,7 @@ from typing import Any
 from ivralo_kernel.host.broker.vault import CredentialVault
 
 _NUMBER_TEXT = re.compile(r"[0-9.eE+-]+")  # a form that could be inside a number's text
+_FLOATS = frozenset({float, type(None)})
 _JSON_KINDS = frozenset({int, float, str, bool})  # what ``_json_value`` leaves as it is
 _REDACTED = re.compile(r"<([A-Za-z_][A-Za-z0-9_]*)>")  # a name ``CredentialVault.redact`` wrote
 
@@ -103,7 +104,7 @@ class ArrowRows:
             if kind == pa.string():
                 cleaned = self._clean(values, False)
                 return (array if cleaned is values else pa.array(cleaned, pa.string())), False
-            if kind == pa.float64() and {type(v) for v in values} <= {float, type(None)}:
+            if kind == pa.float64() and set(map(type, values)) <= _FLOATS:
                 if pc.all(pc.is_finite(array)).as_py() is not False:
                     return array, False
                 return self._json_text(values), True  # NaN, inf: JSON carries them as text ("nan")

@@ -55,9 +55,12 @@ DEFAULT_MAX_BYTES = 64 << 20
 DEFAULT_TIMEOUT_S = 60.0
 FETCH_BATCH = 2_000
 # A result with fewer rows and bytes than these goes as JSON even to a kernel that takes Arrow: cheaper
-# (bench/broker_sql_sizes.py), and the kernel need not import pyarrow for it.
-ARROW_MIN_ROWS = 1_000
-ARROW_MIN_BYTES = 256 << 10
+# there, and the kernel need not import pyarrow for it. Measured with `bench/hot_path_breakdown.py
+# --sql --rows N --arrow-min-rows 0` against `--arrow-min-rows 1000000000` (JSON): 1,000 rows x 5
+# columns 7.0 ms as JSON, 7.9 ms as Arrow; 3,000 rows 20-29 ms JSON, 11-21 ms Arrow. Text-heavy rows
+# cross sooner: 98 KiB of text cost JSON 1.2 ms and Arrow 0.4 ms (host's and kernel's work, in process).
+ARROW_MIN_ROWS = FETCH_BATCH  # a result past its first batch
+ARROW_MIN_BYTES = 128 << 10
 MAX_QUERY_CHARS = 100_000
 MIN_VALUE_LIMIT = 1 << 20  # SQLite's limit on one value is never set below this (see _limit_value_size)
 READ_ONLY_DIALECTS = ("postgresql", "sqlite")
@@ -370,9 +373,10 @@ class Databases:
         once took 2.4 GiB under a 64 MiB cap). On SQLite a single value larger than the cap is refused by
         SQLite itself before it reaches Python (``_limit_value_size``).
 
-        ``arrow``: pyarrow, when the kernel takes an Arrow answer; a result past the first batch, or
-        larger than ``ARROW_MIN_ROWS``/``ARROW_MIN_BYTES``, is then built as an Arrow table
-        (``arrow_rows``); a small one stays JSON (cheaper below that, and the kernel imports no pyarrow)."""
+        ``arrow``: pyarrow, when the kernel takes an Arrow answer; a result that reaches
+        ``ARROW_MIN_ROWS`` or ``ARROW_MIN_BYTES`` is then built as an Arrow table (``arrow_rows``), the
+        rows kept so far included; a smaller one stays JSON (cheaper below that, and the kernel need
+        not import pyarrow). Arrow counts its own bytes against ``max_bytes`` (``arrow_rows``)."""
         result = conn.execute(sqlalchemy.text(sql), dict(params))
         if not result.returns_rows:
             return QueryAnswer([], [], None, result.rowcount)
@@ -382,7 +386,24 @@ class Databases:
         pending: list[Sequence[Any]] = []  # fetched, not yet sized exactly (one dumps per row costs too much)
         size, least = 0, 0  # least: a lower bound of the pending rows' size (JSON's, or Arrow's)
         cut: str | None = None
-        bytes_cut = f"{entry.max_bytes} bytes (max_bytes of {entry.name})"
+
+        def add_pending() -> str | None:
+            """The pending rows kept, as JSON or Arrow (from the batch where the result turns large):
+            why the rows stop here, or None."""
+            nonlocal rows, size, table
+            if table is None and arrow is not None:
+                if len(rows) + len(pending) >= ARROW_MIN_ROWS or size + least >= ARROW_MIN_BYTES:
+                    table = ArrowRows(arrow, len(columns), entry.max_bytes, self._vault, _json_value, QueryRefused)
+                    kept, rows = rows, []
+                    if not table.add(kept):  # already as JSON carries them, and redacted (again: no harm)
+                        return f"cut at {table.count} rows: {entry.max_bytes} bytes (max_bytes of {entry.name})"
+            if table is None:
+                size, cut = _add_sized(rows, pending, size, entry, self._vault)
+                return cut
+            fits = table.add(pending)
+            size = table.size
+            return None if fits else f"cut at {table.count} rows: {entry.max_bytes} bytes (max_bytes of {entry.name})"
+
         sized, append, fetched = _SIZED, pending.append, 0
         try:
             # The driver's own cursor: a text() query has no result types for SQLAlchemy to apply, and
@@ -398,27 +419,13 @@ class Databases:
                     if type(value) in sized:
                         least += len(value)
                 if len(pending) >= FETCH_BATCH or size + least > entry.max_bytes:
-                    if table is None and arrow is not None and not rows:
-                        table = ArrowRows(arrow, len(columns), entry.max_bytes, self._vault, _json_value, QueryRefused)
-                    if table is not None:
-                        if not table.add(pending):
-                            cut = f"cut at {table.count} rows: {bytes_cut}"
-                        size = table.size
-                    else:
-                        size, cut = _add_sized(rows, pending, size, entry, self._vault)
+                    cut = add_pending()
                     pending.clear()
                     least = 0
                     if cut is not None:
                         break
             if pending:
-                big = len(pending) >= ARROW_MIN_ROWS or least >= ARROW_MIN_BYTES
-                if table is None and arrow is not None and not rows and big:
-                    table = ArrowRows(arrow, len(columns), entry.max_bytes, self._vault, _json_value, QueryRefused)
-                if table is not None:
-                    cut = (None if table.add(pending) else f"cut at {table.count} rows: {bytes_cut}") or cut
-                else:
-                    size, cut_by_bytes = _add_sized(rows, pending, size, entry, self._vault)
-                    cut = cut_by_bytes or cut
+                cut = add_pending() or cut
         finally:
             result.close()
         if table is not None:
