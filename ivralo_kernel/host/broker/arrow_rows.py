@@ -57,8 +57,10 @@ class ArrowRows:
         self.size = 0  # bytes kept (as counted above)
         self.count = 0  # rows kept
         self._forms = [form for form in vault.forms() if "\0" not in form]
-        self._pattern = vault.value_pattern()  # for numbers (below), RE2 over their text
-        self._number_forms = any(_NUMBER_TEXT.fullmatch(f) for f in self._forms)
+        # The forms a number's text could hold, as one RE2 pattern (pyarrow.compute's regex engine),
+        # each character written as its code point: RE2 reads that as the literal character.
+        numbers = [form for form in self._forms if _NUMBER_TEXT.fullmatch(form)]
+        self._pattern = "|".join("".join(f"\\x{{{ord(c):x}}}" for c in form) for form in numbers) or None
 
     def add(self, rows: Sequence[Sequence[Any]]) -> bool:
         """Keep ``rows`` while the size stays within the cap: False once it is reached (the rows past
@@ -144,7 +146,7 @@ class ArrowRows:
         pa, pc, pattern = self._pa, self._pc, self._pattern
         if pattern is None or len(array) == 0:
             return array
-        if self._number_forms and array.type in (pa.int64(), pa.float64()):
+        if array.type in (pa.int64(), pa.float64()):
             found = pc.match_substring_regex(pc.cast(array, pa.string()), pattern)
             if pc.any(found).as_py():
                 texts = [str(v) for v in pc.filter(array, found).to_pylist()]

@@ -70,17 +70,6 @@ class CredentialVault:
         """Every text ``redact`` replaces (each value as written, URL-encoded, JSON-escaped)."""
         return list(self._pattern()[1])
 
-    def value_pattern(self) -> str | None:
-        """The forms of every value ``redact`` replaces, as one RE2 pattern (Arrow's regex engine:
-        ``pyarrow.compute`` searches a whole column of a result in one pass, arrow_rows.py). Every
-        character but ASCII letters and digits is written as its code point, which RE2 reads as that
-        literal character whatever Python's ``re.escape`` would have made of it. None: nothing to find."""
-        _, forms = self._pattern()
-        if not forms:
-            return None
-        escaped = ("".join(c if c.isascii() and c.isalnum() else f"\\x{{{ord(c):x}}}" for c in f) for f in forms)
-        return "|".join(escaped)  # only to find the values: ``redact`` replaces, longest first
-
     def redact(self, text: str) -> str:
         pattern, forms = self._pattern()
         return text if pattern is None else pattern.sub(lambda m: f"<{forms[m.group(0)]}>", text)
