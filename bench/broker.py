@@ -23,10 +23,10 @@ ISO date text, int), named in ``databases.json`` with ``max_rows`` 200,000. A ce
 ``ivralo.sql("bench", "select * from items")`` as a list of dicts, and with ``dataframe=True``, and,
 for scale, the same query straight from the kernel with ``sqlite3`` (dicts) and
 ``pandas.read_sql_query``. Trials rotate the order. The breakdown: the host's own query time (the
-``seconds`` of the call's record: SQLAlchemy fetch, per-row conversion and size count), and the
-time until the answer is in the kernel (``BROKER.ask`` straight, rows still lists: adds the
-host's redaction pass and the transfer over the control channel; ``ivralo.sql`` then builds the
-dicts or the DataFrame).
+``seconds`` of the call's record: the fetch, the Arrow batches sized and redacted, the segment
+written), and the time until the answer is in the kernel (``BROKER.ask`` straight and the Arrow
+table read from the exchange folder, or the rows as lists for a JSON answer; ``ivralo.sql`` then
+builds the dicts or the DataFrame). ``bench/hot_path_breakdown.py --sql`` splits it further.
 
 Run: ``.venv/bin/python bench/broker.py`` (``--quick`` for a smoke run). A JSON file with every
 sample goes to ``bench/results/broker-<timestamp>.json``.
@@ -146,10 +146,13 @@ def _sql(kind, path, rows):
     query = "select * from items"
     t0 = time.perf_counter_ns()
     if kind == "broker_answer_only":  # the host's answer as it arrives: no dicts, no DataFrame
+        from ivralo_kernel.kernel import broker_rows
         from ivralo_kernel.protocol import names
-        answer = BROKER.ask(names.BROKER_SQL, {{"database": "bench", "query": query, "params": {{}}}}, 300)
+        payload = {{"database": "bench", "query": query, "params": {{}}, "arrow": broker_rows.takes_arrow()}}
+        answer = BROKER.ask(names.BROKER_SQL, payload, 300)
         BROKER.records.append(answer["record"])
-        n = len(answer["result"]["rows"])
+        arrow = answer["result"].get("arrow")
+        n = broker_rows.read_table(arrow).num_rows if arrow else len(answer["result"]["rows"])
     elif kind == "broker_dicts":
         result = ivralo.sql("bench", query)
         n = len(result)
@@ -283,7 +286,9 @@ async def measure(
 
         sql: list[dict[str, Any]] = []
         db = workspace / "bench.sqlite"
-        output_json(await session.run(f"print(json.dumps(_sql('broker_dicts', {str(db)!r}, {args.rows})))"), "warm")
+        # Untimed: the first of each path imports what it needs (pyarrow, pandas), whichever kind runs first.
+        for kind in ("broker_dicts", "broker_dataframe"):
+            output_json(await session.run(f"print(json.dumps(_sql({kind!r}, {str(db)!r}, {args.rows})))"), "warm")
         for trial in range(args.sql_trials):
             shift = trial % len(SQL_KINDS)
             for kind in SQL_KINDS[shift:] + SQL_KINDS[:shift]:
@@ -329,7 +334,7 @@ def build_report(api: list[dict[str, float]], sql: list[dict[str, Any]], rows: i
     labels = {
         "broker_dicts": "ivralo.sql -> list of dicts",
         "broker_dataframe": "ivralo.sql(dataframe=True)",
-        "broker_answer_only": "  of which: the answer (rows as lists)",
+        "broker_answer_only": "  of which: the answer (Arrow read, or lists)",
         "local_sqlite3_dicts": "local sqlite3 -> dicts (scale)",
         "local_pandas": "local pandas.read_sql_query",
     }

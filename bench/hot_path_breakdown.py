@@ -9,9 +9,14 @@ splice), and the host's calls timed alone (``*_us``: the allow list, the runtime
 ``--broker``: ``ivralo.call`` of a loopback API (the broker bench's endpoint, no sandbox); marks
 from the kernel (``k_*``: publish on IOPub, the answer delivered on control) and from the host
 (``h_*``: the watchdog's receipt, the call's thread, the HTTP call, the answer sent).
+``--sql``: ``ivralo.sql`` of the broker bench's 100,000 rows x 5 columns, as dicts and with
+``dataframe=True`` (``--rows`` to change); marks from the kernel (``k_*``: publish, answer delivered,
+the Arrow segment read, the dicts or the DataFrame built) and from the host (``h_*``: receipt, the
+call's thread, the query's start and end, the Arrow segment written, the answer sent), and the
+host's time in its parts (``*_us``: building and redacting the Arrow batches, making the table).
 
 Diagnostic only (it wraps the host's functions in this process); ``make bench`` does not run it.
-Run: ``.venv/bin/python bench/hot_path_breakdown.py --proxy`` (or ``--broker``), ~10 s each.
+Run: ``.venv/bin/python bench/hot_path_breakdown.py --proxy`` (or ``--broker``, ``--sql``), ~10 s each.
 """
 
 from __future__ import annotations
@@ -214,12 +219,116 @@ def broker(n: int) -> list[dict[str, float]]:
     return rows
 
 
+SQL_CELL = """
+import json, time, ivralo
+from ivralo_kernel.kernel import broker_rows
+from ivralo_kernel.kernel.broker_client import BROKER
+T = time.monotonic_ns
+_k = []
+_publish, _deliver, _read = BROKER.publish, BROKER.deliver, broker_rows.read_table
+def _pub(comm_id, request):
+    _k[-1].update(rid=request["req_id"], k_publish=T()); _publish(comm_id, request); _k[-1]["k_published"] = T()
+def _del(content):
+    _k[-1]["k_delivered"] = T(); _deliver(content)
+def _rd(arrow):
+    _k[-1]["k_read_start"] = T(); table = _read(arrow); _k[-1]["k_read"] = T(); return table
+BROKER.publish, BROKER.deliver, broker_rows.read_table = _pub, _del, _rd
+for i in range({n}):
+    _k.append({{"k_start": T(), "frame": i % 2}})
+    ivralo.sql("bench", "select * from items", dataframe=bool(i % 2))
+    _k[-1]["k_done"] = T()
+BROKER.publish, BROKER.deliver, broker_rows.read_table = _publish, _deliver, _read
+print(json.dumps(_k))
+"""
+
+
+def sql(
+    n: int, rows_in_table: int, arrow_min_rows: int | None
+) -> tuple[list[dict[str, float]], list[dict[str, float]]]:
+    """(the dicts' marks, the DataFrames' marks), alternating in one cell. ``arrow_min_rows``: the
+    host's threshold for an Arrow answer, instead of ``databases.ARROW_MIN_ROWS`` (where JSON and
+    Arrow cross: compare a small table with 0 and with one above its rows)."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    import broker as bench
+    from startup_latency import isolate_jupyter
+
+    from ivralo_kernel.host.broker import arrow_rows, databases, responder, result_segments
+    from ivralo_kernel.host.watch import broker_link, kernel_channels
+
+    if arrow_min_rows is not None:
+        databases.ARROW_MIN_ROWS, databases.ARROW_MIN_BYTES = arrow_min_rows, 0 if arrow_min_rows == 0 else 1 << 40
+    marks: dict[str, Marks] = {}
+    current: list[str] = []
+
+    def received(args: tuple[Any, ...]) -> None:
+        rid = str(((args[1].get("content") or {}).get("data") or {}).get("req_id"))
+        current[:] = [rid]
+        marks.setdefault(rid, []).append(("h_received", T()))
+
+    def mark(label: str) -> Callable[[Any], None]:
+        return lambda _args: marks[current[0]].append((label, T())) if current else None
+
+    wrap(broker_link.BrokerLink, "on_request", received, lambda _a: None)
+    wrap(responder.BrokerResponder, "_run", mark("h_call_thread"), lambda _a: None)
+    wrap(databases.Databases, "_run", mark("h_query_start"), mark("h_query_done"))
+    wrap(result_segments.ResultSegments, "write", None, mark("h_segment_written"))
+    for owner, name in ((arrow_rows.ArrowRows, "add"), (arrow_rows.ArrowRows, "table")):
+        started: list[int] = []
+
+        def add_time(_a: Any, s: list[int] = started, n: str = name) -> None:
+            if current:
+                mine = marks[current[0]]
+                total = dict(mine).get(f"h_arrow_{n}_us", 0)
+                mine[:] = [m for m in mine if m[0] != f"h_arrow_{n}_us"] + [(f"h_arrow_{n}_us", total + T() - s.pop())]
+
+        wrap(owner, name, lambda _a, s=started: s.append(T()), add_time)
+
+    def sent(args: tuple[Any, ...]) -> None:
+        if args[1] == "ivralo_broker_reply":
+            marks.setdefault(str(args[2].get("req_id")), []).append(("h_answer_sent", T()))
+
+    wrap(kernel_channels.KernelChannels, "send", sent, lambda _a: None)
+    root = Path(tempfile.mkdtemp(prefix="ivralo-breakdown-"))
+    isolate_jupyter(root)
+    bench.without_sandbox()
+    key = f"bench-{secrets.token_hex(16)}"
+
+    async def cells(workspace: Path) -> str:
+        from ivralo_kernel.host import Session
+
+        async with Session(workspace=workspace, grants=("bench", "databases")) as session:
+            warm = "import ivralo\nivralo.sql('bench', 'select * from items')\n"
+            await session.run(warm + "ivralo.sql('bench', 'select * from items', dataframe=True)")
+            return str(await session.run(SQL_CELL.format(n=n)))
+
+    with bench.endpoint(key) as (port, _pid):
+        out = asyncio.run(cells(bench.prepare(root, port, key, rows_in_table)))
+    both: tuple[list[dict[str, float]], list[dict[str, float]]] = ([], [])
+    for k in json.loads(out.splitlines()[0]):
+        start = k["k_start"]
+        row = {name: (v - start) / 1000 for name, v in k.items() if name.startswith("k_")}
+        for name, v in marks.get(k["rid"], []):
+            row[name] = v / 1000 if name.endswith("_us") else (v - start) / 1000
+        both[int(k["frame"])].append(row)
+    return both
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--proxy", action="store_true")
     p.add_argument("--broker", action="store_true")
+    p.add_argument("--sql", action="store_true")
+    p.add_argument("--rows", type=int, default=100_000, help="--sql: rows in the table (default 100,000)")
+    p.add_argument("--arrow-min-rows", type=int, help="--sql: the host's threshold for an Arrow answer")
     p.add_argument("-n", type=int, default=100, help="requests (default 100; the broker: at most 95 per cell)")
     args = p.parse_args()
+    if args.sql:
+        dicts, frames = sql(args.n if args.rows < 10_000 else min(args.n, 20), args.rows, args.arrow_min_rows)
+        print(f"ivralo.sql of {args.rows:,} rows x 5 columns -> dicts (us from the call's start)")
+        report(dicts)
+        print("ivralo.sql(dataframe=True), the same rows (us from the call's start)")
+        report(frames)
+        return
     if args.proxy or not args.broker:
         print("egress proxy: an allowed GET in a loop, sandboxed kernel (us from the request's start)")
         report(asyncio.run(proxy(args.n)))

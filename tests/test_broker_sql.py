@@ -459,6 +459,12 @@ async def test_postgres_with_a_password_through_the_broker(
         # A row holding the URL and the password comes back with their names in their place.
         out = ok(await run('print(ivralo.sql("pg", "select body from notes"))'))
         assert re.match(r"\[\{'body': 'url=<PG_[A-Z_]*URL> pw=<PG_[A-Z_]*URL>'\}\]\n", out), out
+        # So does a large result (Arrow through the exchange folder), and numeric and timestamptz come as
+        # a float and ISO text there too.
+        big = "select i, i::numeric / 4 as q, now() as t, n.body from generate_series(1, 3000) i, notes n"
+        out = ok(await run(f"rows = ivralo.sql('pg', {big!r})\nprint(len(rows), rows[0]['q'], rows[-1])"))
+        last = r"\{'i': 3000, 'q': 750.0, 't': '20\d\d-.*', 'body': 'url=<PG_[A-Z_]*URL> pw=<PG_[A-Z_]*URL>'\}"
+        assert re.match(r"3000 0.25 " + last, out), out
 
         # An unknown database name (a typo).
         error = failed(await run('ivralo.sql("pgg", "select 1")'))

@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ivralo_kernel.kernel import broker_rows
 from ivralo_kernel.kernel.broker_calls import ANSWER_TIMEOUT_S as ANSWER_TIMEOUT_S  # still ivralo.ANSWER_TIMEOUT_S
 from ivralo_kernel.kernel.broker_calls import CATALOG_TIMEOUT_S, BrokerError, BrokerRefused
 from ivralo_kernel.kernel.broker_calls import ask as _ask
@@ -84,12 +85,25 @@ def sql(database: str, query: str, params: dict[str, Any] | None = None, *, data
     (the default) refuses writes; rows beyond the database's ``max_rows`` are cut, with a warning.
     """
     __tracebackhide__ = True
-    result = _ask(names.BROKER_SQL, {"database": database, "query": query, "params": params or {}})
+    payload: dict[str, Any] = {"database": database, "query": query, "params": params or {}}
+    if broker_rows.takes_arrow():
+        payload["arrow"] = True  # a large result may come as Arrow, through the exchange folder
+    result = _ask(names.BROKER_SQL, payload)
     columns, rows = list(result.get("columns") or []), list(result.get("rows") or [])
     if result.get("cut"):
         import warnings
 
         warnings.warn(f"ivralo: the result of the query on {database} was {result['cut']}", stacklevel=2)
+    arrow = result.get("arrow")
+    if isinstance(arrow, dict):
+        try:
+            table = broker_rows.read_table(arrow)
+        except Exception as exc:  # noqa: BLE001 - the segment went (code removed it), or pyarrow failed
+            raise BrokerError(f"the host's answer could not be read from the exchange folder: {exc}") from None
+        json_columns = [int(i) for i in arrow.get("json_columns") or []]
+        if dataframe:
+            return broker_rows.frame(table, columns, json_columns)
+        return broker_rows.dicts(table, columns, json_columns)
     if dataframe:
         import importlib
 

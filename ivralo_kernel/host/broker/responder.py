@@ -21,6 +21,7 @@ import httpx
 
 from ivralo_kernel.host.broker.databases import Databases, QueryRefused, load_databases
 from ivralo_kernel.host.broker.operations import OperationError, load_operations, perform
+from ivralo_kernel.host.broker.result_segments import ResultSegments
 from ivralo_kernel.host.broker.vault import CredentialVault
 from ivralo_kernel.host.sandbox.egress import RELAYED_ANSWER, Asker, EgressDesk, valid_target
 from ivralo_kernel.host.settings.workspace_files import DATABASES, DOTENV, WorkspaceFiles
@@ -53,7 +54,10 @@ class BrokerResponder:
         env: Mapping[str, str] | None = None,
         operations_files: tuple[str, ...] = (),
         files: WorkspaceFiles | None = None,
+        exchange_dir: str | None = None,
     ) -> None:
+        """``exchange_dir``: the kernel's exchange folder (the data plane's), where a large SQL result
+        goes as Arrow (``result_segments``); without it, every result is JSON."""
         env = os.environ if env is None else env
         self.workspace = workspace
         self.egress = EgressDesk(workspace, trusted, asker, files)
@@ -73,6 +77,7 @@ class BrokerResponder:
         self._calls: dict[str, int] = {}
         self._pool: ThreadPoolExecutor | None = None
         self._http: httpx.Client | None = None
+        self._segments = _result_segments(exchange_dir)
 
     # The agent Session sets these after the kernel starts (the provisioner's are the default).
     @property
@@ -93,6 +98,8 @@ class BrokerResponder:
         if self._http is not None:
             self._http.close()
         self.databases.close()
+        if self._segments is not None:
+            self._segments.close()
 
     def answer(self, request: Any, execution: str | None, reply: Reply, pause: Pause) -> None:
         """Reply now, or from another thread later (``reply`` must be thread-safe)."""
@@ -216,11 +223,19 @@ class BrokerResponder:
         if not all(v is None or isinstance(v, bool | int | float | str) for v in params.values()):
             raise QueryRefused("params values must be None, bool, int, float or str")
 
+        # The kernel says it can read Arrow (pyarrow imports there); where the host writes it is the host's.
+        segments = self._segments if payload.get("arrow") is True else None
+
         def job() -> BrokerAnswer:
-            answer = self.databases.query(name, sql, params)
-            # The rows were redacted batch by batch as they were sized (one JSON pass, not two).
+            pa = _pyarrow() if segments is not None else None  # here: its first import is not the watchdog's
+            answer = self.databases.query(name, sql, params, pa)
+            # The rows were redacted batch by batch as they were sized (one pass over each batch, not two).
             result = self.vault.redact_json({"columns": answer.columns, "cut": answer.cut, "rowcount": answer.rowcount})
-            return BrokerAnswer(ok=True, result={**result, "rows": answer.rows})
+            if answer.table is None or segments is None or pa is None:
+                return BrokerAnswer(ok=True, result={**result, "rows": answer.rows})
+            path, length = segments.write(pa, answer.table)
+            arrow = {"path": path, "length": length, "rows": answer.table.num_rows, "json_columns": answer.json_columns}
+            return BrokerAnswer(ok=True, result={**result, "rows": [], "arrow": arrow})
 
         return job, f"{name} database", entry.url_env
 
@@ -242,4 +257,27 @@ def _outcome(answer: BrokerAnswer) -> str:
     if not answer.get("ok"):
         return "failed"
     result = answer.get("result") or {}
-    return f"HTTP {result['status']}" if "status" in result else f"{len(result.get('rows') or [])} rows"
+    if "status" in result:
+        return f"HTTP {result['status']}"
+    arrow = result.get("arrow")
+    return f"{arrow['rows']} rows (Arrow)" if arrow else f"{len(result.get('rows') or [])} rows"
+
+
+def _result_segments(folder: str | None) -> ResultSegments | None:
+    """Where large SQL results go, or None (no exchange folder: every result is JSON)."""
+    if not folder:
+        return None
+    try:
+        return ResultSegments(folder)
+    except OSError as exc:
+        log.warning("ivralo broker: SQL results go as JSON only: the exchange folder %s: %s", folder, exc)
+        return None
+
+
+def _pyarrow() -> Any:
+    """pyarrow, if the host has it (the ``arrow`` extra); without it, every result is JSON."""
+    try:
+        import pyarrow
+    except ImportError:
+        return None
+    return pyarrow

@@ -66,6 +66,10 @@ class CredentialVault:
             self._compiled = (pattern, forms)
         return self._compiled
 
+    def forms(self) -> list[str]:
+        """Every text ``redact`` replaces (each value as written, URL-encoded, JSON-escaped)."""
+        return list(self._pattern()[1])
+
     def redact(self, text: str) -> str:
         pattern, forms = self._pattern()
         return text if pattern is None else pattern.sub(lambda m: f"<{forms[m.group(0)]}>", text)

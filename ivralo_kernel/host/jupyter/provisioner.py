@@ -173,6 +173,7 @@ class IvraloProvisioner(KernelWatch, SpareAdoption, LocalProvisioner, IvraloSett
             env=original_env,
             operations_files=(self.operations_file,) if self.operations_file else (),
             files=self.workspace_files,
+            exchange_dir=self.exchange_dir,
         )
         self.broker.egress.person = self.ask_person
         if previous is not None:
