@@ -11,22 +11,25 @@ in the kernel's exchange folder, on tmpfs. The kernel maps it and unlinks it at 
 mapping, so later transfers of up to the same size reuse the same pages (they count in this
 process's RSS, like the host's). A value read from it never points into it.
 
-pyarrow and numpy are imported only when a table or an array is on the way.
+pyarrow and numpy are imported only when a table or an array is on the way, or when the host asks
+for them ahead (``warm``, in an idle spare of a pool that has moved tables).
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import io
 import json
 import mmap
 import os
 import sys
+import time
 from typing import Any
 
 from ivralo_kernel.protocol import names
 from ivralo_kernel.protocol.errors import HermeticImportError
-from ivralo_kernel.protocol.tables import ARROW_EXTRA, release, unrepresentable
+from ivralo_kernel.protocol.tables import ARROW_EXTRA, release, table_from_pandas, unrepresentable
 
 REPR_LIMIT = 1000
 _held: dict[str, mmap.mmap] = {}  # the exchange segment: its path when the host made it -> its mapping
@@ -71,6 +74,32 @@ def _public_names(ns: dict[str, Any]) -> list[str]:
     shell = get_ipython()
     hidden = shell.user_ns_hidden if shell is not None else {}
     return sorted(k for k in ns if not k.startswith("_") and k not in hidden)
+
+
+# --- warm-up --------------------------------------------------------------------------------------
+
+
+def warm() -> str:
+    """Import what a table's transfer needs (pyarrow, pandas, their conversion code) now: the host asks
+    for it while this kernel is an idle spare of a pool whose sessions have moved tables, so a fresh
+    session's first table does not wait for imports (about 0.4 s, most of its time). Never in every
+    kernel: the imports cost about 60 MiB of memory. What is missing is left out, not an error."""
+    started = time.perf_counter()
+    loaded: list[str] = []
+    with contextlib.suppress(ImportError):  # HermeticImportError included: that surface has no tables
+        import pyarrow
+        import pyarrow.ipc
+
+        loaded.append("pyarrow")
+        sink = pyarrow.BufferOutputStream()
+        table = pyarrow.table({"x": [1]})
+        with pyarrow.ipc.new_stream(sink, table.schema) as writer:
+            writer.write_table(table)
+        pyarrow.ipc.open_stream(sink.getvalue()).read_all()
+        pandas = importlib.import_module("pandas")  # by name: this package has no pandas stubs to check against
+        loaded.append("pandas")
+        from_pandas(pandas.DataFrame({"x": [1.0]})).to_pandas()  # pyarrow's pandas_compat and its caches
+    return json.dumps({"loaded": loaded, "ms": round(1000 * (time.perf_counter() - started), 1)})
 
 
 # --- snapshot -------------------------------------------------------------------------------------
@@ -275,7 +304,7 @@ def from_pandas(frame: Any) -> Any:
     """An Arrow table of ``frame``; where Arrow cannot carry a column, the error names it and its dtype."""
     pa = _arrow()
     try:
-        return pa.Table.from_pandas(frame, preserve_index=None)
+        return table_from_pandas(pa, frame)
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, TypeError, ValueError) as exc:
         raise RefusedValue(unrepresentable(pa, frame, exc)) from None
 
@@ -291,6 +320,7 @@ def _ipc_size(table: Any) -> int:
 def _write_ipc(table: Any, segment: memoryview) -> int:
     pa = _arrow()
     sink = pa.FixedSizeBufferWriter(pa.py_buffer(segment))
+    sink.set_memcopy_threads(2)  # large buffers copied by two threads (one core's copy is the limit)
     with pa.ipc.new_stream(sink, table.schema) as writer:
         writer.write_table(table)
     size = int(sink.tell())

@@ -242,6 +242,7 @@ class SessionCalls:
             return decode_inline(envelope, call.operation)
         if envelope["kind"] == "arrow":
             require_arrow(call.operation)
+            self._pool.note_tables()
         cap, why = self._transfer_cap()
         # Shared memory on this machine; behind a gateway, binary buffers on the websocket.
         return await call.worker.fetch(call, envelope, cap, why)

@@ -8,6 +8,7 @@ within ``bootstrap_timeout_ms`` is killed and explained (``WorkerBootstrapError`
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -66,6 +67,10 @@ class Worker:
         except SandboxUnavailable as exc:  # bwrap's own words are in it; nothing was left running
             km.cleanup_connection_file()
             raise WorkerBootstrapError(str(exc)) from None
+        except BaseException:  # cancelled mid-launch (a pool closing while its spare starts): what it launched ends
+            with contextlib.suppress(Exception):
+                await km.shutdown_kernel(now=True)
+            raise
         kc = km.client()
         kc.start_channels()
         budget_ms = settings.config.bootstrap_timeout_ms
@@ -78,6 +83,9 @@ class Worker:
                 raise RuntimeError("its kernel_info_reply has no ivralo section: this is not an ivralo kernel")
         except (RuntimeError, TimeoutError) as exc:
             raise await cls(km, kc, {})._bootstrap_failed(settings, exc) from None
+        except BaseException:  # cancelled (a pool closing while its spare starts): its tree ends too
+            await cls(km, kc, {}).stop()
+            raise
         return cls(km, kc, reply["content"])
 
     async def _bootstrap_failed(self, settings: WorkerSettings, exc: BaseException) -> WorkerBootstrapError:

@@ -374,6 +374,9 @@ class GatewayPool:
             self._workers.remove(worker)
         await worker.stop()
 
+    def note_tables(self) -> None:
+        """(``WorkerPool.note_tables``) No spares here to warm: one kernel at a time, started on demand."""
+
     async def interpreter(self) -> _Interpreter:
         return _Interpreter(f"the gateway's kernelspec {self.kernel_name!r} at {self.base}")
 
