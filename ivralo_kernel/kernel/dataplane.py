@@ -147,6 +147,22 @@ def _size(value: Any) -> int:
 def prepare(name: str, tables_only: bool = False, or_repr: bool = False) -> str:
     """Step one of ``get_var``/``get_dataframe``: a JSON value inline, or the size of the bytes that
     ``write`` will put into the exchange segment."""
+    return json.dumps(_prepare(name, tables_only, or_repr))
+
+
+def prepare_into(name: str, tables_only: bool, or_repr: bool, path: str, capacity: int) -> str:
+    """``prepare``, then ``write`` at once when the bytes fit the exchange segment this kernel already
+    maps (``path``, which the host holds at ``capacity``): one request instead of two (each costs
+    about 4 ms). The answer is ``prepare``'s, with ``written`` (the length) when it wrote; otherwise
+    the host reserves a segment for the size and asks ``write`` as before."""
+    envelope = _prepare(name, tables_only, or_repr)
+    held = _held.get(path)
+    if envelope["kind"] in ("arrow", "npy") and held is not None and envelope["size"] <= min(capacity, len(held)):
+        envelope["written"] = _write(path, capacity)
+    return json.dumps(envelope)
+
+
+def _prepare(name: str, tables_only: bool, or_repr: bool) -> dict[str, Any]:
     _pending.clear()
     ns = _user_ns()
     if name not in ns:
@@ -156,7 +172,7 @@ def prepare(name: str, tables_only: bool = False, or_repr: bool = False) -> str:
     if kind is not None:
         table, extra = _as_table(value, kind)
         _pending.append(("arrow", table))
-        return json.dumps({"kind": "arrow", "size": _ipc_size(table), "as": kind, **extra})
+        return {"kind": "arrow", "size": _ipc_size(table), "as": kind, **extra}
     if tables_only:
         raise RefusedValue(
             f"{name} is a {_type_name(value)}, not a table: get_dataframe returns pandas DataFrames and "
@@ -173,13 +189,13 @@ def prepare(name: str, tables_only: bool = False, or_repr: bool = False) -> str:
             )
         array = value if value.flags.c_contiguous else numpy.ascontiguousarray(value)
         _pending.append(("npy", array))
-        return json.dumps({"kind": "npy", "size": len(_npy_header(array)) + array.nbytes})
+        return {"kind": "npy", "size": len(_npy_header(array)) + array.nbytes}
     try:
-        return json.dumps({"kind": "json", "text": json.dumps(value)})
+        return {"kind": "json", "text": json.dumps(value)}
     except (TypeError, ValueError):
         pass
     if or_repr:
-        return json.dumps({"kind": "repr", "text": bounded_repr(value)})
+        return {"kind": "repr", "text": bounded_repr(value)}
     raise RefusedValue(
         f"{name} is a {_type_name(value)}: get_var returns JSON values, numpy arrays and Arrow-representable "
         f"tables only, never a pickle; get_var({name!r}, or_repr=True) returns its repr "
@@ -194,6 +210,10 @@ def bounded_repr(value: Any) -> str:
 
 def write(path: str, capacity: int) -> str:
     """Step two: the prepared bytes into the exchange segment (the host made it, ``capacity`` long)."""
+    return json.dumps({"size": _write(path, capacity)})
+
+
+def _write(path: str, capacity: int) -> int:
     if not _pending:
         raise RuntimeError("nothing prepared: the host's request came out of order")
     kind, value = _pending.pop()
@@ -209,7 +229,7 @@ def write(path: str, capacity: int) -> str:
         size = len(header) + value.nbytes
         segment[: len(header)] = header
         segment[len(header) : size] = value.reshape(-1).view("u1").data
-    return json.dumps({"size": size})
+    return size
 
 
 def send(comm_id: str, chunk_bytes: int) -> str:

@@ -217,8 +217,11 @@ class WorkerPool:
     async def close(self) -> None:
         """End every worker's tree. Reader threads are left to exit on their own."""
         self._closed = True
-        for task in list(self._tasks):
+        tasks = list(self._tasks)
+        for task in tasks:
             task.cancel()
+        if tasks:  # a spare cancelled while it starts or warms ends its tree and folders: briefly waited for
+            await asyncio.wait(tasks, timeout=10)
         spares, self.spares = self.spares, []
         for worker in spares:
             with contextlib.suppress(Exception):

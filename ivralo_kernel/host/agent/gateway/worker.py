@@ -222,6 +222,9 @@ class GatewayWorker:
     def history_recorder(self) -> HistoryRecorder | None:
         return None  # the kernel's history is kept on the gateway's machine
 
+    def held_segment(self) -> None:
+        return None  # no shared memory: the bytes come over the websocket
+
     async def fetch(self, call: Transfer, envelope: dict[str, Any], cap: int, why: str) -> Any:
         return await fetch_remote(self.kc, call, envelope, cap, why)
 
