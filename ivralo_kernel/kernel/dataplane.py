@@ -240,10 +240,14 @@ def send(comm_id: str, chunk_bytes: int) -> str:
     kind, value = _pending.pop()
     if kind == "arrow":
         pa = _arrow()
-        sink = pa.BufferOutputStream()
+        # Into a buffer of the stream's size: a growing BufferOutputStream copied and faulted its way
+        # to 100 MB in 127 ms here, this takes a fifth of that.
+        buffer = pa.allocate_buffer(_ipc_size(value))
+        sink = pa.FixedSizeBufferWriter(buffer)
+        sink.set_memcopy_threads(2)
         with pa.ipc.new_stream(sink, value.schema) as writer:
             writer.write_table(value)
-        data = memoryview(sink.getvalue())
+        data = memoryview(buffer)[: sink.tell()]
     else:
         data = memoryview(_npy_header(value) + value.reshape(-1).view("u1").tobytes())
     from IPython import get_ipython
@@ -265,21 +269,24 @@ def send(comm_id: str, chunk_bytes: int) -> str:
     return json.dumps({"size": len(data), "chunks": len(starts)})
 
 
-_inbox: dict[str, bytearray] = {}  # behind a gateway: a table's bytes as they arrive, by the host's ref
+_inbox: dict[str, list[Any]] = {}  # behind a gateway: a table's pieces as they arrive, by the host's ref
 
 
 def take_chunk(ref: str, buffers: list[Any]) -> None:
-    """(the ``ivralo_data_chunk`` handler) One piece of a table the host is sending."""
+    """(the ``ivralo_data_chunk`` handler) One piece of a table the host is sending, kept as it came
+    (joined once, in ``receive_sent``: a bytearray grown piece by piece copied it again as it grew)."""
     if ref not in _inbox:
         _inbox.clear()  # one transfer at a time: what an abandoned one left goes
-        _inbox[ref] = bytearray()
+        _inbox[ref] = []
     for buffer in buffers:
-        _inbox[ref] += getattr(buffer, "buffer", buffer)  # a zmq Frame's memory, or bytes
+        _inbox[ref].append(getattr(buffer, "buffer", buffer))  # a zmq Frame's memory, or bytes
 
 
 def receive_sent(name: str, ref: str, length: int, kind: str) -> str:
     """Bind ``name`` to the table the host sent in ``ivralo_data_chunk`` messages."""
-    data = _inbox.pop(ref, None)
+    pieces = _inbox.pop(ref, None)
+    data = None if pieces is None else bytearray().join(pieces)
+    del pieces
     if data is None or len(data) != length:
         got = "nothing" if data is None else f"{len(data)} bytes"
         raise RuntimeError(f"the host sent {length} bytes and {got} arrived")

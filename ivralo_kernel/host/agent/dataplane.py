@@ -277,10 +277,12 @@ def ipc_bytes(table: Any) -> Any:
     """The Arrow IPC stream of ``table`` in memory (a pyarrow Buffer): behind a gateway, where the
     kernel shares no memory with the host (host/agent/gateway/worker.py)."""
     pa = require_arrow("inject_dataframe")
-    sink = pa.BufferOutputStream()
+    buffer = pa.allocate_buffer(ipc_size(table))  # its size at once: a growing stream copies as it grows
+    sink = pa.FixedSizeBufferWriter(buffer)
+    sink.set_memcopy_threads(2)
     with pa.ipc.new_stream(sink, table.schema) as writer:
         writer.write_table(table)
-    return sink.getvalue()
+    return buffer.slice(0, sink.tell())
 
 
 # --- decoding (kernel -> host) --------------------------------------------------------------------
