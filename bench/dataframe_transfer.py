@@ -223,8 +223,47 @@ async def _timed_async(call: Any) -> float:
     return time.perf_counter() - start
 
 
+FIRST_TABLE_BASELINE = "the first session of a pool that never moved a table (imports at first use)"
+
+
+def _first_tables(frame: pd.DataFrame, trials: int, workspace: str) -> tuple[list[float], list[float]]:
+    """Seconds of a fresh session's first call, ``inject_dataframe`` of ``frame``, in pairs (the order
+    alternating): on a spare of a pool whose sessions have moved tables (so the spare imported the
+    data plane's modules while it waited: ``WorkerPool.note_tables``), and on the spare of a new pool
+    (the baseline: it imports them in that first call, as every session did before). Both sessions
+    are fresh: a new kernel, a new exchange segment (its pages allocated in the timed call)."""
+    from ivralo_kernel.host import Session, WorkerConfig, WorkerPool
+
+    config = WorkerConfig(prewarm_pool_size=1)
+
+    async def first(pool: WorkerPool) -> float:
+        await pool.wait_prewarmed()
+        async with Session(pool=pool) as session:
+            start = time.perf_counter()
+            await session.inject_dataframe("df", frame)  # the session's first call: it takes the spare
+            return time.perf_counter() - start
+
+    async def pairs() -> tuple[list[float], list[float]]:
+        warm: list[float] = []
+        cold: list[float] = []
+        async with WorkerPool(workspace, config=config) as used:
+            async with Session(pool=used) as session:  # a session of this pool moves a table
+                await session.inject_dataframe("df", frame.iloc[:10])
+            for trial in range(trials):
+                for side in ("warm", "cold") if trial % 2 == 0 else ("cold", "warm"):
+                    if side == "warm":
+                        warm.append(await first(used))
+                    else:
+                        async with WorkerPool(workspace, config=config) as fresh:
+                            cold.append(await first(fresh))
+        return warm, cold
+
+    return asyncio.run(pairs())
+
+
 def harness(ctx: Context) -> list[Metric]:
-    """Arrow over shared memory against plain ipykernel's pickle-5 over a comm, per transfer (ms)."""
+    """Arrow over shared memory against plain ipykernel's pickle-5 over a comm, per transfer (ms); a
+    fresh session's first table (MB/s) against a pool's first session."""
     from harness_api import Metric
 
     megabytes, trials = ctx.pick(smoke=(5, 2), full=(100, 5))
@@ -232,8 +271,19 @@ def harness(ctx: Context) -> list[Metric]:
     workspace = ctx.root / "ws-dataframe"
     workspace.mkdir()
     ours, plain = _times(frame, trials, str(workspace))
+    first_mb = ctx.pick(smoke=5, full=48)
+    first_frame = frame_of(first_mb)
+    warm, cold = _first_tables(first_frame, trials, str(workspace))
     label = "pickle-5 over a comm (plain ipykernel)"
     return [
+        Metric(
+            "DataFrame transport",
+            f"a fresh session's first {first_mb} MB table",
+            "MB/s",
+            [mb(first_frame) / t for t in warm],
+            [mb(first_frame) / t for t in cold],
+            baseline_label=FIRST_TABLE_BASELINE,
+        ),
         Metric(
             "DataFrame transport",
             f"{megabytes} MB in (inject_dataframe)",

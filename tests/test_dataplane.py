@@ -347,3 +347,109 @@ async def test_the_transfer_cap_is_a_setting(workspace: Path) -> None:
         with pytest.raises(TransferRefusedError, match=r"1\.0 MiB, transfer_cap_bytes\. Nothing was reserved"):
             await session.get_dataframe("big")
         assert len(await session.get_dataframe("small")) == 10
+
+
+# --- the hot path (issue 29) ----------------------------------------------------------------------
+
+PLAIN_FRAMES = {
+    "ints-and-floats": pd.DataFrame(
+        {
+            "i": np.arange(5, dtype=np.int64),
+            "f": np.linspace(0, 1, 5),
+            "f32": np.arange(5, dtype=np.float32),
+            "u8": np.arange(5, dtype=np.uint8),
+            "f16": np.arange(5, dtype=np.float16),
+        }
+    ),
+    "a-nan-becomes-null-and-back": pd.DataFrame({"f": [1.0, np.nan, 3.0], "g": [np.inf, -np.inf, 0.0]}),
+    "a-named-stepped-range-index": pd.DataFrame({"i": [1, 2]}, index=pd.RangeIndex(10, 14, 2, name="r")),
+    "booleans": pd.DataFrame({"b": [True, False]}),
+    "strings": pd.DataFrame({"s": ["x", None]}),
+    "empty": pd.DataFrame({"f": np.array([], dtype=float)}),
+    "no-columns": pd.DataFrame(),
+    "a-label-index": pd.DataFrame({"i": [1]}, index=["x"]),
+    "a-named-columns-index": pd.DataFrame({"i": [1]}).rename_axis(columns="cols"),
+    "nullable-ints": pd.DataFrame({"i": pd.array([1, None], dtype="Int64")}),
+    "from-a-2d-array": pd.DataFrame(np.arange(6.0).reshape(3, 2), columns=["p", "q"]),
+    "a-slice": pd.DataFrame({"f": np.arange(10.0)}).iloc[::2],
+}
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("name", sorted(PLAIN_FRAMES))
+def test_the_fast_conversions_give_what_pyarrow_gives(name: str) -> None:
+    """``table_from_pandas`` (no NaN scan where there is no NaN) is ``Table.from_pandas``, schema and
+    pandas metadata included; the host's decoding of a plain numeric frame (numpy views of its own
+    copy) is ``to_pandas()``, and its columns are writable, as that frame's are."""
+    from ivralo_kernel.host.agent.dataplane import decode_segment
+    from ivralo_kernel.protocol.tables import table_from_pandas
+
+    frame = PLAIN_FRAMES[name]
+    table = table_from_pandas(pa, frame)
+    expected = pa.Table.from_pandas(frame, preserve_index=None)
+    assert table.equals(expected, check_metadata=True)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    own = np.frombuffer(sink.getvalue(), dtype=np.uint8).copy()  # the host's own copy of the segment
+    back = decode_segment({"kind": "arrow", "as": "pandas.DataFrame"}, own, len(own))
+    reference = expected.to_pandas()
+    pd.testing.assert_frame_equal(back, reference, check_exact=True, check_column_type=True, check_index_type=True)
+    assert back.columns.names == reference.columns.names and back.index.name == reference.index.name
+    if len(back) and len(back.columns) and back.dtypes.iloc[0].kind in "iuf":
+        back.iloc[0, 0] = 7
+        assert back.iloc[0, 0] == 7
+
+
+async def test_a_held_segment_serves_the_next_gets_in_one_request(workspace: Path) -> None:
+    """After a first transfer both sides hold the segment, and the kernel writes while it prepares
+    (``prepare_into``): the values come back equal and writable, each its own copy; a larger one
+    gets a new segment; an array and a value that is not a table take the same path."""
+    async with Session(workspace=workspace) as session:
+        made = (
+            "import numpy as np, pandas as pd\n"
+            "df = pd.DataFrame({'i': np.arange(100_000), 'f': np.linspace(0, 1, 100_000)})\n"
+            "df.loc[3, 'f'] = float('nan')\n"
+            "big = pd.concat([df] * 4, ignore_index=True)\narr = np.arange(50_000.0).reshape(500, 100)"
+        )
+        assert await session.run(made) == ""
+        first = await session.get_dataframe("df")
+        held = session._worker.held_segment() if session._worker else None
+        assert held is not None, "the first get left a segment both sides hold"
+        second = await session.get_dataframe("df")
+        pd.testing.assert_frame_equal(second, first)
+        assert np.isnan(second.f[3]) and second.f.isna().sum() == 1
+        second.loc[0, "i"] = -1
+        assert first.i[0] == 0, "each get is a copy of its own"
+        larger = await session.get_dataframe("big")
+        assert len(larger) == 400_000 and larger.i.iloc[-1] == 99_999
+        assert session._worker is not None and session._worker.held_segment() != held, "a new, larger segment"
+        np.testing.assert_array_equal(await session.get_var("arr"), np.arange(50_000.0).reshape(500, 100))
+        pd.testing.assert_frame_equal(await session.get_dataframe("df"), first)
+        assert segments_left(exchange_dir(session)) == []
+
+
+# The kernel's prepare_into says it wrote more than the segment the host holds.
+OVERWRITTEN = """
+import json
+real = _ivralo_dataplane
+class Forged:
+    def __getattr__(self, name):
+        return getattr(real, name)
+    def prepare_into(self, name, tables_only, or_repr, path, capacity):
+        envelope = json.loads(real.prepare_into(name, tables_only, or_repr, path, capacity))
+        envelope["written"] = capacity + 1
+        return json.dumps(envelope)
+_ivralo_dataplane = Forged()
+"""
+
+
+async def test_a_length_past_the_held_segment_is_refused(workspace: Path) -> None:
+    async with Session(workspace=workspace) as session:
+        assert await session.run("import pandas as pd\ndf = pd.DataFrame({'x': [1, 2]})") == ""
+        assert len(await session.get_dataframe("df")) == 2
+        assert await session.run(OVERWRITTEN) == ""
+        with pytest.raises(TransferRefusedError, match="the segment the host reserved"):
+            await session.get_dataframe("df")
+        assert segments_left(exchange_dir(session)) == []
+        assert await session.run("print(len(df))") == "2\n"

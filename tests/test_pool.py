@@ -4,6 +4,7 @@ restart-loop warnings, and a teardown that never waits on busy workers."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 from pathlib import Path
 
@@ -95,3 +96,50 @@ async def test_closing_the_pool_does_not_wait_for_busy_workers(workspace: Path) 
     result = await asyncio.wait_for(busy, 5)
     assert isinstance(result, dict) and "ALL variables" in result["error"]
     await session.close()
+
+
+def maps_arrow(pid: int) -> bool:
+    """Whether the process has pyarrow's library mapped: read from outside, in /proc."""
+    return "libarrow" in Path(f"/proc/{pid}/maps").read_text()
+
+
+async def test_spares_warm_the_data_plane_once_a_session_moved_a_table(workspace: Path) -> None:
+    """A pool's spares import pyarrow and pandas while they wait, and only once a session of the pool
+    has moved a table (the imports cost memory): judged from /proc, the kernel's mapped libraries."""
+    import pandas as pd
+
+    async with WorkerPool(workspace, config=WorkerConfig(prewarm_pool_size=1)) as pool:
+        await pool.wait_prewarmed()
+        plain = pool.spares[0]
+        assert plain.pid is not None and not maps_arrow(plain.pid), "no table yet: the spare imported nothing"
+        async with Session(pool=pool) as session:
+            await session.inject_dataframe("df", pd.DataFrame({"x": [1.0, 2.0]}))
+        await wait_until_async(lambda: bool(pool.spares) and pool.spares[0] is not plain, 60, "the next spare")
+        warm = pool.spares[0]
+        assert warm.pid is not None and maps_arrow(warm.pid), "the spare imported pyarrow while it waited"
+        async with Session(pool=pool) as session:
+            assert await session.run("import sys\nprint('pandas' in sys.modules)") == "True\n"
+            await session.inject_dataframe("df", pd.DataFrame({"x": [3.0]}))
+            assert await session.run("print(df.x.sum())") == "3.0\n"
+
+
+# The launch's pipes, cancelled before the output relay took them, are closed by the collector.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+async def test_a_pool_closed_while_its_spare_starts_leaves_nothing_running(workspace: Path) -> None:
+    """Cancelled mid-start (the pool closes), the spare's tree ends too: judged by this process's children."""
+    import psutil
+
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    pool = WorkerPool(workspace, config=WorkerConfig(prewarm_pool_size=1))
+    await pool.start()
+    await wait_until_async(
+        lambda: bool({p.pid for p in psutil.Process().children(recursive=True)} - before), 30, "the spare's launch"
+    )
+    await pool.close()
+    await asyncio.sleep(0)  # the cancelled start's clean-up runs on the loop
+
+    def started_gone() -> bool:
+        return all(gone(p.pid) for p in psutil.Process().children(recursive=True) if p.pid not in before)
+
+    await wait_until_async(started_gone, 15, "the spare's tree to end")
+    gc.collect()  # those pipes' warnings now, under this test's filter, not in a later test's

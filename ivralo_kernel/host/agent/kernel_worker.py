@@ -124,8 +124,14 @@ class KernelWorker(Protocol):
         """The host's recorder of the kernel's history, where the host keeps one."""
         ...
 
+    def held_segment(self) -> tuple[str, int] | None:
+        """(path, capacity) of the exchange segment the host and the kernel hold from an earlier
+        transfer, which the kernel may write into while it prepares (``prepare_into``); else None."""
+        ...
+
     async def fetch(self, call: Transfer, envelope: dict[str, Any], cap: int, why: str) -> Any:
-        """Step two of ``get_var``/``get_dataframe``: the prepared bytes, checked against ``cap``."""
+        """Step two of ``get_var``/``get_dataframe``: the prepared bytes, checked against ``cap``
+        (already in the held segment when the envelope says ``written``)."""
         ...
 
     async def inject(self, call: Transfer, name: str, table: Any, kind: str, size: int) -> None:

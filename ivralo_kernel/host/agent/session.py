@@ -385,6 +385,7 @@ class Session(SessionCalls):
         require_arrow(operation)
         table, kind = as_table(frame)
         size = ipc_size(table)
+        self._pool.note_tables()  # the pool's next spares import what tables need while they wait
         async with self._namespace(operation) as call:
             await call.worker.inject(call, name, table, kind, size)  # shared memory, or the gateway's websocket
             self._known_names = sorted({*self._known_names, name})

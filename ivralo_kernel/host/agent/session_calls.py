@@ -234,14 +234,21 @@ class SessionCalls:
             await self._give_back(worker)
 
     async def _fetch(self, call: NamespaceCall, name: str, *, tables_only: bool, or_repr: bool) -> Any:
-        asked = f"{DATAPLANE}.prepare({name!r}, {tables_only}, {or_repr})"
+        held = call.worker.held_segment()  # the exchange segment both sides hold from an earlier transfer
+        if held is None:
+            asked = f"{DATAPLANE}.prepare({name!r}, {tables_only}, {or_repr})"
+        else:  # prepared and written in one request when the bytes fit it
+            asked = f"{DATAPLANE}.prepare_into({name!r}, {tables_only}, {or_repr}, {held[0]!r}, {held[1]})"
         envelope = kernel_json(call.operation, await call.value(asked))
         if not isinstance(envelope, dict) or envelope.get("kind") not in ("json", "repr", "arrow", "npy"):
             raise TransferRefusedError(f"{call.operation}: the kernel's answer is not one of its data plane's")
+        if held is None:
+            envelope.pop("written", None)  # only ever read from the segment the host offered
         if envelope["kind"] in ("json", "repr"):
             return decode_inline(envelope, call.operation)
         if envelope["kind"] == "arrow":
             require_arrow(call.operation)
+            self._pool.note_tables()
         cap, why = self._transfer_cap()
         # Shared memory on this machine; behind a gateway, binary buffers on the websocket.
         return await call.worker.fetch(call, envelope, cap, why)

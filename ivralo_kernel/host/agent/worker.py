@@ -8,6 +8,7 @@ within ``bootstrap_timeout_ms`` is killed and explained (``WorkerBootstrapError`
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -66,6 +67,14 @@ class Worker:
         except SandboxUnavailable as exc:  # bwrap's own words are in it; nothing was left running
             km.cleanup_connection_file()
             raise WorkerBootstrapError(str(exc)) from None
+        except BaseException:  # cancelled mid-launch (a pool closing while its spare starts): what it launched ends
+            provisioner = km.provisioner
+            with contextlib.suppress(Exception):
+                if provisioner is not None:
+                    await provisioner.kill()
+                    await provisioner.cleanup(restart=False)  # its folders (runtime, exchange) too
+            km.cleanup_connection_file()
+            raise
         kc = km.client()
         kc.start_channels()
         budget_ms = settings.config.bootstrap_timeout_ms
@@ -78,6 +87,9 @@ class Worker:
                 raise RuntimeError("its kernel_info_reply has no ivralo section: this is not an ivralo kernel")
         except (RuntimeError, TimeoutError) as exc:
             raise await cls(km, kc, {})._bootstrap_failed(settings, exc) from None
+        except BaseException:  # cancelled (a pool closing while its spare starts): its tree ends too
+            await cls(km, kc, {}).stop()
+            raise
         return cls(km, kc, reply["content"])
 
     async def _bootstrap_failed(self, settings: WorkerSettings, exc: BaseException) -> WorkerBootstrapError:
@@ -169,15 +181,28 @@ class Worker:
             self.exchange = Exchange(folder)
         return self.exchange
 
+    def held_segment(self) -> tuple[str, int] | None:
+        exchange = self.exchange
+        if exchange is None or exchange.fd is None or exchange.path is None:
+            return None
+        return exchange.path, exchange.capacity
+
     async def fetch(self, call: Transfer, envelope: dict[str, Any], cap: int, why: str) -> Any:
         """The prepared bytes through a shared-memory segment the host reserved (it never maps it)."""
         exchange = self._exchange()
-        path, capacity = exchange.reserve(checked_size(call.operation, envelope, "size", cap, why))
+        size = checked_size(call.operation, envelope, "size", cap, why)
+        held = "written" in envelope and exchange.fd is not None
+        path, capacity = (exchange.path or "", exchange.capacity) if held else exchange.reserve(size)
         try:
-            written = kernel_json(
-                call.operation, await call.value(f"{names.DATAPLANE_NAME}.write({path!r}, {capacity})")
-            )
-            length = checked_size(call.operation, written, "size", capacity, "the segment the host reserved")
+            if held:  # the kernel wrote them while it prepared (``prepare_into``), into the segment held
+                written = envelope
+                key = "written"
+            else:
+                written = kernel_json(
+                    call.operation, await call.value(f"{names.DATAPLANE_NAME}.write({path!r}, {capacity})")
+                )
+                key = "size"
+            length = checked_size(call.operation, written, key, capacity, "the segment the host reserved")
             data = await off_loop(exchange.read, length)
             return await off_loop(decode_segment, envelope, data, length)
         except BaseException:

@@ -222,6 +222,9 @@ class GatewayWorker:
     def history_recorder(self) -> HistoryRecorder | None:
         return None  # the kernel's history is kept on the gateway's machine
 
+    def held_segment(self) -> None:
+        return None  # no shared memory: the bytes come over the websocket
+
     async def fetch(self, call: Transfer, envelope: dict[str, Any], cap: int, why: str) -> Any:
         return await fetch_remote(self.kc, call, envelope, cap, why)
 
@@ -373,6 +376,9 @@ class GatewayPool:
         if worker in self._workers:
             self._workers.remove(worker)
         await worker.stop()
+
+    def note_tables(self) -> None:
+        """(``WorkerPool.note_tables``) No spares here to warm: one kernel at a time, started on demand."""
 
     async def interpreter(self) -> _Interpreter:
         return _Interpreter(f"the gateway's kernelspec {self.kernel_name!r} at {self.base}")
