@@ -319,3 +319,24 @@ def test_a_brokered_call_shows_its_record_line(page: Any, lab: dict[str, Any]) -
     expect(output).to_contain_text("{'name': 'bagel', 'price': 2.2}", timeout=30_000)
     expect(output).to_contain_text("[ivralo answered this code's calls: shop database with", timeout=30_000)
     shoot(page, "record-line.png", cells.nth(0))
+
+
+def test_the_status_bar_shows_the_hosts_facts(page: Any, lab: dict[str, Any]) -> None:
+    """The extension's status bar item (labextension/src/status.ts): sandboxed, the deadline and the
+    memory limit, from the host's provisioner (host/jupyter/lab_server.py), not from kernel_info; a
+    click says what this mode does not stop, in the words of protocol/sandbox/modes.py."""
+    from ivralo_kernel.protocol.policy import default_memory_limit
+    from ivralo_kernel.protocol.sandbox.modes import SANDBOX_GAPS
+
+    display = "Python (ivralo, 2 s deadline)"
+    open_notebook(page, lab, "status.ipynb", "ivralo-lab-deadline", display)
+    expect = playwright.expect
+    item = page.locator("#jp-main-statusbar .jp-ivralo-SandboxStatus")
+    memory = f"{default_memory_limit() / (1 << 30):.1f} GiB"
+    expect(item).to_have_text(f"ivralo: sandboxed · deadline 2 s · memory {memory}", timeout=30_000)
+    item.click()
+    dialog = page.locator(".jp-Dialog")
+    expect(dialog).to_contain_text("OS sandbox (bubblewrap)", timeout=10_000)
+    expect(dialog).to_contain_text(f"Not stopped in this mode: {SANDBOX_GAPS}.")
+    page.keyboard.press("Escape")
+    expect(dialog).to_have_count(0, timeout=10_000)

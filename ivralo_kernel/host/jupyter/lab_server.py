@@ -1,0 +1,73 @@
+"""[host] The JupyterLab extension's server side: a jupyter_server extension, in the server's own
+process, beside the provisioners of the kernels it runs.
+
+The page asks it, never the kernel, for what the host knows: whether a kernel is sandboxed, its
+deadline and memory limit (``GET /ivralo/kernels/<id>/facts``). Everything the kernel writes is
+untrusted (code in it can answer ``kernel_info`` as it likes), so these facts come from the
+kernel's ``IvraloProvisioner``. A kernel that is not ivralo's (no such provisioner) is a 404: the
+page shows nothing for it.
+
+Enabled by ``etc/jupyter/jupyter_server_config.d/ivralo-kernel.json`` (the wheel's shared data).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from jupyter_server.base.handlers import APIHandler
+from jupyter_server.utils import url_path_join
+from tornado import web
+
+from ivralo_kernel.protocol.policy import default_memory_limit
+from ivralo_kernel.protocol.sandbox.modes import FALLBACK_GAPS, SANDBOX_GAPS
+
+KERNEL_ID = r"(?P<kernel_id>[\w-]+)"
+DOCTOR_HINT = "ivralo-kernel doctor names each layer in force on this machine and the next step for each gap."
+
+
+def host_facts(provisioner: Any) -> dict[str, Any]:
+    """What the host itself knows of a running kernel, for the status bar (host facts only)."""
+    sandboxed = bool(provisioner.sandboxed)
+    limit = provisioner.memory_limit_bytes
+    return {
+        "sandboxed": sandboxed,
+        "mode": "OS sandbox (bubblewrap)" if sandboxed else f"no OS sandbox ({provisioner.sandbox_reason or 'off'})",
+        "not_stopped": SANDBOX_GAPS if sandboxed else FALLBACK_GAPS,
+        "doctor": DOCTOR_HINT,
+        "deadline_ms": provisioner.deadline_ms,
+        "memory_limit_bytes": limit if limit is not None else default_memory_limit(),
+        "memory_hard_limit_bytes": provisioner.memory_hard_limit_bytes,
+    }
+
+
+def ivralo_provisioner(kernel_manager: Any, kernel_id: str) -> Any:
+    """The ivralo provisioner of a running kernel of this server; 404 for any other kernel."""
+    from ivralo_kernel.host.jupyter.provisioner import IvraloProvisioner  # the server's import stays light
+
+    try:
+        manager = kernel_manager.get_kernel(kernel_id)
+    except KeyError:
+        raise web.HTTPError(404, "no such kernel") from None
+    provisioner = getattr(manager, "provisioner", None)
+    if not isinstance(provisioner, IvraloProvisioner):
+        raise web.HTTPError(404, "not an ivralo kernel")
+    return provisioner
+
+
+class FactsHandler(APIHandler):  # type: ignore[misc]
+    auth_resource = "kernels"
+
+    @web.authenticated  # type: ignore[misc]
+    def get(self, kernel_id: str) -> None:
+        provisioner = ivralo_provisioner(self.kernel_manager, kernel_id)
+        self.finish(json.dumps(host_facts(provisioner)))
+
+
+def _jupyter_server_extension_points() -> list[dict[str, str]]:
+    return [{"module": __name__}]
+
+
+def _load_jupyter_server_extension(serverapp: Any) -> None:
+    base = url_path_join(serverapp.web_app.settings["base_url"], "ivralo", "kernels", KERNEL_ID)
+    serverapp.web_app.add_handlers(".*$", [(url_path_join(base, "facts"), FactsHandler)])
