@@ -340,3 +340,32 @@ def test_the_status_bar_shows_the_hosts_facts(page: Any, lab: dict[str, Any]) ->
     expect(dialog).to_contain_text(f"Not stopped in this mode: {SANDBOX_GAPS}.")
     page.keyboard.press("Escape")
     expect(dialog).to_have_count(0, timeout=10_000)
+
+
+def test_each_cells_effects_show_beside_it_and_are_not_saved(page: Any, lab: dict[str, Any]) -> None:
+    """The effects line (labextension/src/effects.ts), under the cell's input and not an output: it
+    names a file the cell wrote whose name is nowhere in the cell's source (it is built from chr()
+    codes, so the line can only have it from the kernel's effects report); quiet for a cell that did
+    nothing notable; expandable; and absent from the saved .ipynb."""
+    name = "effects-" + uuid.uuid4().hex[:8] + ".txt"
+    codes = ", ".join(str(ord(c)) for c in name)
+    open_notebook(page, lab, "effects.ipynb", "ivralo", "Python (ivralo)")
+    expect = playwright.expect
+    cells = page.locator(".jp-Notebook .jp-Cell")
+    run_in_last_cell(page, f"p = ''.join(map(chr, [{codes}]))\nopen(p, 'w').write('x')\nprint('done')")
+    expect(cells.nth(0).locator(".jp-OutputArea-output")).to_have_text("done", timeout=30_000)
+    line = cells.nth(0).locator(".jp-ivralo-Effects")
+    expect(line.locator(".jp-ivralo-Effects-line")).to_contain_text(f"ivralo: created {name}", timeout=30_000)
+    expect(line.locator(".jp-ivralo-Effects-details")).to_be_hidden()
+    line.locator(".jp-ivralo-Effects-line").click()
+    expect(line.locator(".jp-ivralo-Effects-details")).to_contain_text(f"created: {name}")
+    assert cells.nth(0).locator(".jp-OutputArea").inner_text().count(name) == 0, "not an output"
+    run_in_last_cell(page, "x = 1")
+    expect(cells.nth(1).locator(".jp-InputPrompt")).to_have_text("[2]:", timeout=30_000)
+    expect(cells.nth(1).locator(".jp-ivralo-Effects")).to_be_hidden()  # quiet: nothing notable
+    page.keyboard.press("Control+s")
+    saved = lab["nbdir"] / "effects.ipynb"
+    expect(page.locator(".lm-DockPanel-tabBar .lm-mod-current.jp-mod-dirty")).to_have_count(0, timeout=30_000)
+    assert "done" in saved.read_text(), saved.read_text()  # saved, with the cell's outputs
+    assert name not in saved.read_text(), "the effects line is not saved into the notebook"
+    assert (lab["nbdir"] / name).read_text() == "x"

@@ -2,9 +2,11 @@ import {
   JupyterFrontEnd,
   JupyterFrontEndPlugin
 } from '@jupyterlab/application';
-import { INotebookTracker } from '@jupyterlab/notebook';
+import { INotebookTracker, NotebookPanel } from '@jupyterlab/notebook';
 import { IStatusBar } from '@jupyterlab/statusbar';
 
+import { kernelRequest } from './api';
+import { RestoreAction, followEffects } from './effects';
 import { SandboxStatus } from './status';
 
 const status: JupyterFrontEndPlugin<void> = {
@@ -29,4 +31,27 @@ const status: JupyterFrontEndPlugin<void> = {
   }
 };
 
-export default [status];
+/** Restore through the host (the server extension), never through the kernel. */
+function restoreThroughHost(kernelId: string): RestoreAction {
+  return async (path: string, copy: string) => {
+    const answer = await kernelRequest<{ text: string }>(kernelId, 'restore', {
+      method: 'POST',
+      body: JSON.stringify({ path, copy })
+    });
+    return answer?.text ?? 'not restored: not an ivralo kernel';
+  };
+}
+
+const effects: JupyterFrontEndPlugin<void> = {
+  id: 'ivralo-labextension:effects',
+  description: 'Beside each cell: the files, hosts, brokered calls and processes it touched',
+  autoStart: true,
+  requires: [INotebookTracker],
+  activate: (app: JupyterFrontEnd, tracker: INotebookTracker) => {
+    const follow = (_: unknown, panel: NotebookPanel): void => followEffects(panel, restoreThroughHost);
+    tracker.forEach(panel => follow(null, panel));
+    tracker.widgetAdded.connect(follow);
+  }
+};
+
+export default [status, effects];
