@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
 import uuid
@@ -208,8 +209,10 @@ def test_a_refusal_shows_the_cells_line_and_one_sentence(page: Any, lab: dict[st
 
 
 def test_the_person_is_asked_about_an_unknown_host(page: Any, lab: dict[str, Any]) -> None:
-    """The question appears where input() would; the answer is relayed to the host; the time the
-    person takes (longer than the 2 s deadline here) does not count against the deadline."""
+    """A page without the extension's dialogs (its registration is cut off here, as a frontend
+    without the extension never makes it): the question appears where input() would; the answer is
+    relayed to the host; the time the person takes (longer than the 2 s deadline here) does not count
+    against the deadline."""
     import http.server
     import threading
 
@@ -229,6 +232,7 @@ def test_the_person_is_asked_about_an_unknown_host(page: Any, lab: dict[str, Any
     # Nothing is allowed in advance: a fresh folder, as a newcomer has it.
     try:
         display = "Python (ivralo, 2 s deadline)"
+        page.route(re.compile(r".*/ivralo/kernels/[^/]+/dialogs"), lambda route: route.abort())
         open_notebook(page, lab, "ask.ipynb", "ivralo-lab-deadline", display)
         expect = playwright.expect
         cells = page.locator(".jp-Notebook .jp-Cell")
@@ -259,8 +263,9 @@ def test_the_person_is_asked_about_an_unknown_host(page: Any, lab: dict[str, Any
 
 
 def test_the_person_says_no_to_a_subprocess(page: Any, lab: dict[str, Any]) -> None:
-    """``!curl`` in a cell goes through the sandbox's proxy: the same question at the cell's input
-    prompt; "no" reaches nothing (judged by the server's request log)."""
+    """``!curl`` in a cell goes through the sandbox's proxy: the host's question as the extension's
+    dialog (labextension/src/questions.ts), answered from the keyboard: Escape is Deny; "no" reaches
+    nothing (judged by the server's request log)."""
     import http.server
     import threading
 
@@ -280,20 +285,65 @@ def test_the_person_says_no_to_a_subprocess(page: Any, lab: dict[str, Any]) -> N
     try:
         open_notebook(page, lab, "ask-no.ipynb", "ivralo-lab-deadline", "Python (ivralo, 2 s deadline)")
         expect = playwright.expect
+        expect(page.locator(".jp-NotebookPanel[data-ivralo-dialogs=on]")).to_have_count(1, timeout=30_000)
         cells = page.locator(".jp-Notebook .jp-Cell")
         run_in_last_cell(page, f"!curl -sS http://localhost:{port}/from-curl")
-        stdin = cells.nth(0).locator(".jp-Stdin")
+        dialog = page.locator(".jp-Dialog")
         note = untrusted_note(os.path.realpath(lab["nbdir"]))  # the notebooks' folder is not trusted
-        expect(stdin).to_contain_text(
-            f"Code in this cell wants to reach localhost, this machine, port {port}{note}. Allow? [yes/no]",
-            timeout=30_000,
+        expect(dialog).to_contain_text(
+            f"Code in this cell wants to reach localhost, this machine, port {port}{note}.", timeout=30_000
         )
-        stdin.locator("input").fill("no")
-        stdin.locator("input").press("Enter")
+        buttons = dialog.locator(".jp-Dialog-footer button")
+        expect(buttons).to_have_text(["Deny", "Allow once"])  # no "always": the folder is not trusted
+        assert cells.nth(0).locator(".jp-Stdin").count() == 0, "a dialog, not the stdin prompt"
+        page.keyboard.press("Escape")
         output = cells.nth(0).locator(".jp-OutputArea")
         expect(output).to_contain_text("ivralo refused localhost", timeout=30_000)
         expect(output).to_contain_text("[ivralo network: localhost refused (the person said no)]", timeout=30_000)
         assert hits == [], "the person's no let nothing through"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def test_the_host_asks_in_a_dialog_and_allow_once_lets_one_request_through(page: Any, lab: dict[str, Any]) -> None:
+    """The extension's dialog, from the host (the page fetches the host's open question from the
+    server extension and answers it there: it never passes through the kernel); "Allow once" chosen
+    from the keyboard; judged by the loopback server's hit count."""
+    import http.server
+    import threading
+
+    hits: list[str] = []
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def do_GET(self) -> None:
+            hits.append(self.path)
+            super().do_GET()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = person_http_server(Quiet)
+    port = int(httpd.server_address[1])
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        open_notebook(page, lab, "ask-dialog.ipynb", "ivralo-lab-deadline", "Python (ivralo, 2 s deadline)")
+        expect = playwright.expect
+        expect(page.locator(".jp-NotebookPanel[data-ivralo-dialogs=on]")).to_have_count(1, timeout=30_000)
+        cells = page.locator(".jp-Notebook .jp-Cell")
+        run_in_last_cell(
+            page, f"import urllib.request\nprint(urllib.request.urlopen('http://localhost:{port}/once').status)"
+        )
+        dialog = page.locator(".jp-Dialog")
+        expect(dialog).to_contain_text(f"wants to reach localhost, this machine, port {port}", timeout=30_000)
+        assert hits == [], "nothing before the answer"
+        dialog.locator("button", has_text="Allow once").focus()
+        page.keyboard.press("Enter")
+        output = cells.nth(0).locator(".jp-OutputArea")
+        expect(output).to_contain_text("200", timeout=30_000)
+        expect(output).to_contain_text("[ivralo network: localhost allowed until this kernel restarts]")
+        expect(dialog).to_have_count(0)
+        assert hits == ["/once"], "the answer let one request through"
     finally:
         httpd.shutdown()
         httpd.server_close()

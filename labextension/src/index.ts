@@ -7,6 +7,7 @@ import { IStatusBar } from '@jupyterlab/statusbar';
 
 import { kernelRequest } from './api';
 import { RestoreAction, followEffects } from './effects';
+import { followQuestions } from './questions';
 import { SandboxStatus } from './status';
 
 const status: JupyterFrontEndPlugin<void> = {
@@ -54,4 +55,15 @@ const effects: JupyterFrontEndPlugin<void> = {
   }
 };
 
-export default [status, effects];
+const questions: JupyterFrontEndPlugin<void> = {
+  id: 'ivralo-labextension:questions',
+  description: "The host's egress question as a dialog (Allow once, Allow always, Deny)",
+  autoStart: true,
+  requires: [INotebookTracker],
+  activate: (app: JupyterFrontEnd, tracker: INotebookTracker) => {
+    tracker.forEach(panel => followQuestions(panel));
+    tracker.widgetAdded.connect((_, panel) => followQuestions(panel));
+  }
+};
+
+export default [status, effects, questions];

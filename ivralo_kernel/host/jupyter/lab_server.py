@@ -2,7 +2,10 @@
 process, beside the provisioners of the kernels it runs.
 
 The page asks it, never the kernel, for what the host knows: whether a kernel is sandboxed, its
-deadline and memory limit (``GET /ivralo/kernels/<id>/facts``). Everything the kernel writes is
+deadline and memory limit (``GET /ivralo/kernels/<id>/facts``); and it answers the host's egress
+questions through it (``POST .../dialogs`` says which of the page's connections shows them as
+dialogs; ``GET .../questions`` lists the open ones, ``POST .../questions/<qid>`` answers one:
+host/jupyter/person_dialogs.py). Everything the kernel writes is
 untrusted (code in it can answer ``kernel_info`` as it likes), so these facts come from the
 kernel's ``IvraloProvisioner``. A kernel that is not ivralo's (no such provisioner) is a 404: the
 page shows nothing for it.
@@ -19,6 +22,7 @@ from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import url_path_join
 from tornado import web
 
+from ivralo_kernel.host.jupyter.person_dialogs import DIALOGS
 from ivralo_kernel.protocol.policy import default_memory_limit
 from ivralo_kernel.protocol.sandbox.modes import FALLBACK_GAPS, SANDBOX_GAPS
 
@@ -64,10 +68,61 @@ class FactsHandler(APIHandler):  # type: ignore[misc]
         self.finish(json.dumps(host_facts(provisioner)))
 
 
+def _body(handler: APIHandler) -> dict[str, Any]:
+    body = handler.get_json_body()
+    if not isinstance(body, dict):
+        raise web.HTTPError(400, "a JSON object is expected")
+    return body
+
+
+class DialogsHandler(APIHandler):  # type: ignore[misc]
+    """The page's connection (``{"client": <its session id>}``) shows the host's questions as dialogs."""
+
+    auth_resource = "kernels"
+
+    @web.authenticated  # type: ignore[misc]
+    def post(self, kernel_id: str) -> None:
+        ivralo_provisioner(self.kernel_manager, kernel_id)
+        client = _body(self).get("client")
+        if not isinstance(client, str) or not 0 < len(client) <= 200:
+            raise web.HTTPError(400, "client: the connection's session id")
+        DIALOGS.register(kernel_id, client)
+        self.finish(json.dumps({"registered": True}))
+
+
+class QuestionsHandler(APIHandler):  # type: ignore[misc]
+    auth_resource = "kernels"
+
+    @web.authenticated  # type: ignore[misc]
+    def get(self, kernel_id: str) -> None:
+        ivralo_provisioner(self.kernel_manager, kernel_id)
+        self.finish(json.dumps(DIALOGS.open_questions(kernel_id)))
+
+
+class AnswerHandler(APIHandler):  # type: ignore[misc]
+    auth_resource = "kernels"
+
+    @web.authenticated  # type: ignore[misc]
+    def post(self, kernel_id: str, question_id: str) -> None:
+        ivralo_provisioner(self.kernel_manager, kernel_id)
+        choice = _body(self).get("answer")
+        if not isinstance(choice, str) or not DIALOGS.answer(kernel_id, question_id, choice):
+            raise web.HTTPError(404, "no such open question, or not one of its choices")
+        self.finish(json.dumps({"answered": choice}))
+
+
 def _jupyter_server_extension_points() -> list[dict[str, str]]:
     return [{"module": __name__}]
 
 
 def _load_jupyter_server_extension(serverapp: Any) -> None:
     base = url_path_join(serverapp.web_app.settings["base_url"], "ivralo", "kernels", KERNEL_ID)
-    serverapp.web_app.add_handlers(".*$", [(url_path_join(base, "facts"), FactsHandler)])
+    serverapp.web_app.add_handlers(
+        ".*$",
+        [
+            (url_path_join(base, "facts"), FactsHandler),
+            (url_path_join(base, "dialogs"), DialogsHandler),
+            (url_path_join(base, "questions"), QuestionsHandler),
+            (url_path_join(base, "questions", r"(?P<question_id>[0-9a-f]{32})"), AnswerHandler),
+        ],
+    )
