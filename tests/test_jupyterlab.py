@@ -413,9 +413,21 @@ def test_each_cells_effects_show_beside_it_and_are_not_saved(page: Any, lab: dic
     run_in_last_cell(page, "x = 1")
     expect(cells.nth(1).locator(".jp-InputPrompt")).to_have_text("[2]:", timeout=30_000)
     expect(cells.nth(1).locator(".jp-ivralo-Effects")).to_be_hidden()  # quiet: nothing notable
+    # A changed file's Restore: through the server extension and the host's history, not the kernel.
+    kept = lab["nbdir"] / f"kept-{name}"
+    kept.write_text("before")
+    run_in_last_cell(page, f"open({kept.name!r}, 'w').write('after')")
+    changed = cells.nth(2).locator(".jp-ivralo-Effects")
+    expect(changed.locator(".jp-ivralo-Effects-line")).to_contain_text(f"ivralo: changed {kept.name}", timeout=30_000)
+    changed.locator(".jp-ivralo-Effects-line").click()
+    assert kept.read_text() == "after"
+    changed.locator(".jp-ivralo-Effects-restore").click()
+    expect(changed.locator(".jp-ivralo-Effects-note")).to_contain_text(f"Restored {kept.name}", timeout=30_000)
+    assert kept.read_text() == "before"
     page.keyboard.press("Control+s")
     saved = lab["nbdir"] / "effects.ipynb"
     expect(page.locator(".lm-DockPanel-tabBar .lm-mod-current.jp-mod-dirty")).to_have_count(0, timeout=30_000)
     assert "done" in saved.read_text(), saved.read_text()  # saved, with the cell's outputs
-    assert name not in saved.read_text(), "the effects line is not saved into the notebook"
+    assert name not in saved.read_text().replace(f"kept-{name}", ""), "the effects line is not saved into the notebook"
+    assert "Restored" not in saved.read_text()
     assert (lab["nbdir"] / name).read_text() == "x"

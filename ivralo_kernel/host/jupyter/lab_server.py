@@ -5,10 +5,13 @@ The page asks it, never the kernel, for what the host knows: whether a kernel is
 deadline and memory limit (``GET /ivralo/kernels/<id>/facts``); and it answers the host's egress
 questions through it (``POST .../dialogs`` says which of the page's connections shows them as
 dialogs; ``GET .../questions`` lists the open ones, ``POST .../questions/<qid>`` answers one:
-host/jupyter/person_dialogs.py). Everything the kernel writes is
-untrusted (code in it can answer ``kernel_info`` as it likes), so these facts come from the
-kernel's ``IvraloProvisioner``. A kernel that is not ivralo's (no such provisioner) is a 404: the
-page shows nothing for it.
+host/jupyter/person_dialogs.py); and it restores a changed file's previous version from the
+workspace's history (``POST .../restore``: host/history/store.py, which restores only the copies
+the host itself recorded, so a copy named by the kernel's effects report is checked there).
+
+Everything the kernel writes is untrusted (code in it can answer ``kernel_info`` as it likes), so
+these facts come from the kernel's ``IvraloProvisioner``. A kernel that is not ivralo's (no such
+provisioner) is a 404: the page shows nothing for it.
 
 Enabled by ``etc/jupyter/jupyter_server_config.d/ivralo-kernel.json`` (the wheel's shared data).
 """
@@ -22,7 +25,10 @@ from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import url_path_join
 from tornado import web
 
+from ivralo_kernel.host.history.store import HistoryError, HistoryStore
 from ivralo_kernel.host.jupyter.person_dialogs import DIALOGS
+from ivralo_kernel.host.off_loop import off_loop
+from ivralo_kernel.protocol import names
 from ivralo_kernel.protocol.policy import default_memory_limit
 from ivralo_kernel.protocol.sandbox.modes import FALLBACK_GAPS, SANDBOX_GAPS
 
@@ -111,6 +117,45 @@ class AnswerHandler(APIHandler):  # type: ignore[misc]
         self.finish(json.dumps({"answered": choice}))
 
 
+UNDO = "the Restore beside that cell, or ivralo-kernel history restore {id},"
+
+
+def restore_copy(provisioner: Any, path: str, copy: str) -> tuple[bool, str]:
+    """(blocks) Put ``path`` back as the history's ``copy`` holds it: (restored, what was done or why not).
+    Never over a newer change (the person restores that one with ``ivralo-kernel history``)."""
+    if provisioner.role == names.ROLE_READONLY:
+        return False, "not restored: this kernel's role is readonly, so it changes no files, restores included"
+    recorder = provisioner.history_recorder
+    if recorder is None:
+        return False, "not restored: this kernel keeps no history"
+    recorder.record()  # what the write guard copied during the cell, recorded by the host now
+    store = HistoryStore(recorder.workspace, provisioner.tool_files)
+    try:
+        entry = store.find(copy)
+        if entry.path != store.resolve(path, base=store.workspace):
+            return False, f"not restored: the copy {entry.id} is not one of {path}"
+        restored = store.restore(entry, force_flag="`ivralo-kernel history restore ID --force` in a terminal")
+    except HistoryError as exc:
+        return False, f"not restored: {exc}"
+    return True, restored.describe(UNDO)
+
+
+class RestoreHandler(APIHandler):  # type: ignore[misc]
+    """``{"path": <relative to the workspace>, "copy": <the history's copy>}`` -> ``{"restored", "text"}``."""
+
+    auth_resource = "contents"
+
+    @web.authenticated  # type: ignore[misc]
+    async def post(self, kernel_id: str) -> None:
+        provisioner = ivralo_provisioner(self.kernel_manager, kernel_id)
+        body = _body(self)
+        path, copy = body.get("path"), body.get("copy")
+        if not isinstance(path, str) or not isinstance(copy, str) or not path or not copy:
+            raise web.HTTPError(400, "path and copy: the changed file and its history copy")
+        restored, text = await off_loop(restore_copy, provisioner, path, copy)
+        self.finish(json.dumps({"restored": restored, "text": text}))
+
+
 def _jupyter_server_extension_points() -> list[dict[str, str]]:
     return [{"module": __name__}]
 
@@ -124,5 +169,6 @@ def _load_jupyter_server_extension(serverapp: Any) -> None:
             (url_path_join(base, "dialogs"), DialogsHandler),
             (url_path_join(base, "questions"), QuestionsHandler),
             (url_path_join(base, "questions", r"(?P<question_id>[0-9a-f]{32})"), AnswerHandler),
+            (url_path_join(base, "restore"), RestoreHandler),
         ],
     )
