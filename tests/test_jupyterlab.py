@@ -337,6 +337,7 @@ def test_the_host_asks_in_a_dialog_and_allow_once_lets_one_request_through(page:
         dialog = page.locator(".jp-Dialog")
         expect(dialog).to_contain_text(f"wants to reach localhost, this machine, port {port}", timeout=30_000)
         assert hits == [], "nothing before the answer"
+        shoot(page, "egress-dialog.png", dialog.locator(".jp-Dialog-content"))
         dialog.locator("button", has_text="Allow once").focus()
         page.keyboard.press("Enter")
         output = cells.nth(0).locator(".jp-OutputArea")
@@ -388,6 +389,7 @@ def test_the_status_bar_shows_the_hosts_facts(page: Any, lab: dict[str, Any]) ->
     dialog = page.locator(".jp-Dialog")
     expect(dialog).to_contain_text("OS sandbox (bubblewrap)", timeout=10_000)
     expect(dialog).to_contain_text(f"Not stopped in this mode: {SANDBOX_GAPS}.")
+    shoot(page, "sandbox-status.png", dialog.locator(".jp-Dialog-content"), item)
     page.keyboard.press("Escape")
     expect(dialog).to_have_count(0, timeout=10_000)
 
@@ -397,7 +399,7 @@ def test_each_cells_effects_show_beside_it_and_are_not_saved(page: Any, lab: dic
     names a file the cell wrote whose name is nowhere in the cell's source (it is built from chr()
     codes, so the line can only have it from the kernel's effects report); quiet for a cell that did
     nothing notable; expandable; and absent from the saved .ipynb."""
-    name = "effects-" + uuid.uuid4().hex[:8] + ".txt"
+    name = showcase_shots.EFFECTS_FILE
     codes = ", ".join(str(ord(c)) for c in name)
     open_notebook(page, lab, "effects.ipynb", "ivralo", "Python (ivralo)")
     expect = playwright.expect
@@ -414,7 +416,7 @@ def test_each_cells_effects_show_beside_it_and_are_not_saved(page: Any, lab: dic
     expect(cells.nth(1).locator(".jp-InputPrompt")).to_have_text("[2]:", timeout=30_000)
     expect(cells.nth(1).locator(".jp-ivralo-Effects")).to_be_hidden()  # quiet: nothing notable
     # A changed file's Restore: through the server extension and the host's history, not the kernel.
-    kept = lab["nbdir"] / f"kept-{name}"
+    kept = lab["nbdir"] / showcase_shots.EFFECTS_KEPT
     kept.write_text("before")
     run_in_last_cell(page, f"open({kept.name!r}, 'w').write('after')")
     changed = cells.nth(2).locator(".jp-ivralo-Effects")
@@ -424,10 +426,11 @@ def test_each_cells_effects_show_beside_it_and_are_not_saved(page: Any, lab: dic
     changed.locator(".jp-ivralo-Effects-restore").click()
     expect(changed.locator(".jp-ivralo-Effects-note")).to_contain_text(f"Restored {kept.name}", timeout=30_000)
     assert kept.read_text() == "before"
+    shoot(page, "effects-line.png", cells.nth(0), cells.nth(2))
     page.keyboard.press("Control+s")
     saved = lab["nbdir"] / "effects.ipynb"
     expect(page.locator(".lm-DockPanel-tabBar .lm-mod-current.jp-mod-dirty")).to_have_count(0, timeout=30_000)
     assert "done" in saved.read_text(), saved.read_text()  # saved, with the cell's outputs
-    assert name not in saved.read_text().replace(f"kept-{name}", ""), "the effects line is not saved into the notebook"
+    assert name not in saved.read_text(), "the effects line is not saved into the notebook"
     assert "Restored" not in saved.read_text()
     assert (lab["nbdir"] / name).read_text() == "x"

@@ -117,7 +117,7 @@ class AnswerHandler(APIHandler):  # type: ignore[misc]
         self.finish(json.dumps({"answered": choice}))
 
 
-UNDO = "the Restore beside that cell, or ivralo-kernel history restore {id},"
+UNDO = "ivralo-kernel history restore {id}"  # in a terminal: no cell shows the copy a restore keeps
 
 
 def restore_copy(provisioner: Any, path: str, copy: str) -> tuple[bool, str]:
