@@ -3,7 +3,7 @@
 // through the server extension (ivralo_kernel/host/jupyter/person_dialogs.py), instead of sending it
 // as an input_request: neither the question nor the answer passes through the kernel. The question's
 // words are the host's; they are still shown as text only.
-import { Dialog, showDialog } from '@jupyterlab/apputils';
+import { Dialog } from '@jupyterlab/apputils';
 import { NotebookPanel } from '@jupyterlab/notebook';
 import { Kernel } from '@jupyterlab/services';
 import { Widget } from '@lumino/widgets';
@@ -20,7 +20,7 @@ interface IQuestion {
 
 const LABELS: Record<string, string> = { yes: 'Allow once', always: 'Allow always', no: 'Deny' };
 
-async function askPerson(question: IQuestion): Promise<string> {
+function askPerson(question: IQuestion): Dialog<unknown> {
   const body = document.createElement('div');
   body.className = 'jp-ivralo-Question';
   const text = document.createElement('p');
@@ -33,13 +33,16 @@ async function askPerson(question: IQuestion): Promise<string> {
       ? Dialog.cancelButton({ label: LABELS[choice], caption: choice })
       : Dialog.okButton({ label: LABELS[choice], caption: choice })
   );
-  const result = await showDialog({
+  return new Dialog({
     title: 'ivralo: allow this connection?',
     body: new Widget({ node: body }),
     buttons,
     defaultButton: 0,
     hasClose: true // Escape and the close button: Deny
   });
+}
+
+function choiceOf(question: IQuestion, result: Dialog.IResult<unknown>): string {
   const chosen = result.button.caption;
   return result.button.accept && question.choices.includes(chosen) ? chosen : 'no';
 }
@@ -49,6 +52,7 @@ export function followQuestions(panel: NotebookPanel): void {
   let kernel: Kernel.IKernelConnection | null = null;
   let timer: number | null = null;
   const shown = new Set<string>();
+  const open = new Map<string, Dialog<unknown>>(); // the dialogs on screen, by question id
 
   const poll = async (): Promise<void> => {
     timer = null;
@@ -62,17 +66,27 @@ export function followQuestions(panel: NotebookPanel): void {
     } catch (error) {
       console.warn('ivralo: could not fetch the host questions', error);
     }
+    const listed = new Set((questions ?? []).map(q => q.id));
+    for (const [id, dialog] of open) {
+      if (questions !== null && !listed.has(id)) {
+        dialog.dispose(); // the question ended (the cell ended or was interrupted): nobody's to answer
+        open.delete(id);
+      }
+    }
     for (const question of questions ?? []) {
       if (shown.has(question.id)) {
         continue;
       }
       shown.add(question.id);
-      void askPerson(question).then(answer =>
-        kernelRequest(current.id, `questions/${question.id}`, {
+      const dialog = askPerson(question);
+      open.set(question.id, dialog);
+      void dialog.launch().then(result => {
+        open.delete(question.id);
+        return kernelRequest(current.id, `questions/${question.id}`, {
           method: 'POST',
-          body: JSON.stringify({ answer })
-        }).catch(() => undefined) // the question ended meanwhile: nobody's to answer now
-      );
+          body: JSON.stringify({ answer: choiceOf(question, result) })
+        }).catch(() => undefined); // the question ended meanwhile: nobody's to answer now
+      }, () => undefined); // disposed above: its question ended
     }
     if (current === kernel && current.status === 'busy') {
       timer = window.setTimeout(() => void poll(), POLL_MS);
@@ -80,7 +94,8 @@ export function followQuestions(panel: NotebookPanel): void {
   };
 
   const onStatus = (connection: Kernel.IKernelConnection, status: Kernel.Status): void => {
-    if (status === 'busy' && timer === null) {
+    // Busy: look for questions until idle; idle with a dialog still open: one look more, to close it.
+    if (timer === null && (status === 'busy' || open.size > 0)) {
       void poll();
     }
   };

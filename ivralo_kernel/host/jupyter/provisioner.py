@@ -10,7 +10,6 @@ can clean up and leaves ``setsid`` children behind.
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import os
 import signal
@@ -319,7 +318,10 @@ class IvraloProvisioner(KernelWatch, SpareAdoption, LocalProvisioner, IvraloSett
         split = split_prompt(prompt)
         if split is not None and DIALOGS.by_dialog(self.kernel_id, relay.client_session(execution)):
             question, choices = split
-            ended = functools.partial(relay.replied, execution)
+
+            def ended() -> bool:  # its reply went out, or the relay closed (the kernel is replaced)
+                return relay.closed or relay.replied(execution)
+
             return DIALOGS.ask(str(self.kernel_id), execution, question, choices, PERSON_ANSWER_TIMEOUT_S, ended)
         return relay.ask(execution, prompt, PERSON_ANSWER_TIMEOUT_S)
 
