@@ -13,7 +13,7 @@ $(PY):
 # Stamp files: re-install only when the dependency list or the JupyterLab extension's sources change
 # (the install runs its npm build when the sources are newer than build/labextension: hatch_build's
 # jupyter-builder hook, pyproject.toml).
-LABEXT := labextension/package.json labextension/package-lock.json $(wildcard labextension/src/*.ts labextension/style/*)
+LABEXT := $(addprefix labextension/,package.json package-lock.json build.js tsconfig.json) $(wildcard labextension/src/*.ts labextension/style/*)
 $(VENV)/.installed: pyproject.toml $(LABEXT) | $(PY)
 	$(PIP) install --quiet -e .
 	$(VENV)/bin/ivralo-kernel install --sys-prefix
