@@ -10,18 +10,21 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
 
-# Stamp files: re-install only when the dependency list changes.
-$(VENV)/.installed: pyproject.toml | $(PY)
+# Stamp files: re-install only when the dependency list or the JupyterLab extension's sources change
+# (the install runs its npm build when the sources are newer than build/labextension: hatch_build's
+# jupyter-builder hook, pyproject.toml).
+LABEXT := $(addprefix labextension/,package.json package-lock.json build.js tsconfig.json) $(wildcard labextension/src/*.ts labextension/style/*)
+$(VENV)/.installed: pyproject.toml $(LABEXT) | $(PY)
 	$(PIP) install --quiet -e .
 	$(VENV)/bin/ivralo-kernel install --sys-prefix
 	touch $@
 
-$(VENV)/.installed-test: pyproject.toml | $(PY)
+$(VENV)/.installed-test: pyproject.toml $(LABEXT) | $(PY)
 	$(PIP) install --quiet -e '.[test]'
 	$(VENV)/bin/ivralo-kernel install --sys-prefix
 	touch $@ $(VENV)/.installed
 
-$(VENV)/.installed-lab: pyproject.toml | $(PY)
+$(VENV)/.installed-lab: pyproject.toml $(LABEXT) | $(PY)
 	$(PIP) install --quiet -e '.[lab]'
 	$(VENV)/bin/ivralo-kernel install --sys-prefix
 	touch $@ $(VENV)/.installed

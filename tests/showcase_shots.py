@@ -69,12 +69,48 @@ def record_line() -> list[str]:
     return _fragments(line.replace("0.0s)]", VARIES + "s)]"))
 
 
+# The JupyterLab extension's shots (labextension/src/*.ts words them; these are its literals).
+EFFECTS_FILE = "summary.csv"  # written by a cell whose source builds the name from chr() codes
+EFFECTS_KEPT = "prices.csv"  # changed by a cell, then restored from the effects line
+
+
+def sandbox_status() -> list[str]:
+    from ivralo_kernel.protocol.sandbox.modes import SANDBOX_GAPS
+
+    return _fragments(
+        f"ivralo: sandboxed · deadline {DEADLINE_MS // 1000} s · memory {VARIES}",
+        "OS sandbox (bubblewrap)",
+        f"Not stopped in this mode: {SANDBOX_GAPS}.",
+    )
+
+
+def effects_line() -> list[str]:
+    return _fragments(
+        f"ivralo: created {EFFECTS_FILE}",
+        f"created: {EFFECTS_FILE}",
+        f"ivralo: changed {EFFECTS_KEPT}",
+        f"changed: {EFFECTS_KEPT}",
+        f"Restored {EFFECTS_KEPT} ({VARIES}) from copy {VARIES}",
+    )
+
+
+def egress_dialog() -> list[str]:
+    from ivralo_kernel.host.sandbox.egress import ALWAYS_NEEDS_TRUST, cell_question
+
+    question = cell_question("localhost", 1).replace("port 1", "port " + VARIES)
+    question += ALWAYS_NEEDS_TRUST.format(path=VARIES) + "."
+    return _fragments("ivralo: allow this connection?", question, "Deny", "Allow once")
+
+
 # image name -> the fragments it shows
 SHOTS: dict[str, Any] = {
     "refusal.png": refusal,
     "deadline-kill.png": deadline_kill,
     "egress-question.png": egress_question,
     "record-line.png": record_line,
+    "sandbox-status.png": sandbox_status,
+    "effects-line.png": effects_line,
+    "egress-dialog.png": egress_dialog,
 }
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
 import uuid
@@ -208,8 +209,10 @@ def test_a_refusal_shows_the_cells_line_and_one_sentence(page: Any, lab: dict[st
 
 
 def test_the_person_is_asked_about_an_unknown_host(page: Any, lab: dict[str, Any]) -> None:
-    """The question appears where input() would; the answer is relayed to the host; the time the
-    person takes (longer than the 2 s deadline here) does not count against the deadline."""
+    """A page without the extension's dialogs (its registration is cut off here, as a frontend
+    without the extension never makes it): the question appears where input() would; the answer is
+    relayed to the host; the time the person takes (longer than the 2 s deadline here) does not count
+    against the deadline."""
     import http.server
     import threading
 
@@ -229,6 +232,7 @@ def test_the_person_is_asked_about_an_unknown_host(page: Any, lab: dict[str, Any
     # Nothing is allowed in advance: a fresh folder, as a newcomer has it.
     try:
         display = "Python (ivralo, 2 s deadline)"
+        page.route(re.compile(r".*/ivralo/kernels/[^/]+/dialogs"), lambda route: route.abort())
         open_notebook(page, lab, "ask.ipynb", "ivralo-lab-deadline", display)
         expect = playwright.expect
         cells = page.locator(".jp-Notebook .jp-Cell")
@@ -259,8 +263,9 @@ def test_the_person_is_asked_about_an_unknown_host(page: Any, lab: dict[str, Any
 
 
 def test_the_person_says_no_to_a_subprocess(page: Any, lab: dict[str, Any]) -> None:
-    """``!curl`` in a cell goes through the sandbox's proxy: the same question at the cell's input
-    prompt; "no" reaches nothing (judged by the server's request log)."""
+    """``!curl`` in a cell goes through the sandbox's proxy: the host's question as the extension's
+    dialog (labextension/src/questions.ts), answered from the keyboard: Escape is Deny; "no" reaches
+    nothing (judged by the server's request log)."""
     import http.server
     import threading
 
@@ -280,20 +285,66 @@ def test_the_person_says_no_to_a_subprocess(page: Any, lab: dict[str, Any]) -> N
     try:
         open_notebook(page, lab, "ask-no.ipynb", "ivralo-lab-deadline", "Python (ivralo, 2 s deadline)")
         expect = playwright.expect
+        expect(page.locator(".jp-NotebookPanel[data-ivralo-dialogs=on]")).to_have_count(1, timeout=30_000)
         cells = page.locator(".jp-Notebook .jp-Cell")
         run_in_last_cell(page, f"!curl -sS http://localhost:{port}/from-curl")
-        stdin = cells.nth(0).locator(".jp-Stdin")
+        dialog = page.locator(".jp-Dialog")
         note = untrusted_note(os.path.realpath(lab["nbdir"]))  # the notebooks' folder is not trusted
-        expect(stdin).to_contain_text(
-            f"Code in this cell wants to reach localhost, this machine, port {port}{note}. Allow? [yes/no]",
-            timeout=30_000,
+        expect(dialog).to_contain_text(
+            f"Code in this cell wants to reach localhost, this machine, port {port}{note}.", timeout=30_000
         )
-        stdin.locator("input").fill("no")
-        stdin.locator("input").press("Enter")
+        buttons = dialog.locator(".jp-Dialog-footer button")
+        expect(buttons).to_have_text(["Deny", "Allow once"])  # no "always": the folder is not trusted
+        assert cells.nth(0).locator(".jp-Stdin").count() == 0, "a dialog, not the stdin prompt"
+        page.keyboard.press("Escape")
         output = cells.nth(0).locator(".jp-OutputArea")
         expect(output).to_contain_text("ivralo refused localhost", timeout=30_000)
         expect(output).to_contain_text("[ivralo network: localhost refused (the person said no)]", timeout=30_000)
         assert hits == [], "the person's no let nothing through"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def test_the_host_asks_in_a_dialog_and_allow_once_lets_one_request_through(page: Any, lab: dict[str, Any]) -> None:
+    """The extension's dialog, from the host (the page fetches the host's open question from the
+    server extension and answers it there: it never passes through the kernel); "Allow once" chosen
+    from the keyboard; judged by the loopback server's hit count."""
+    import http.server
+    import threading
+
+    hits: list[str] = []
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def do_GET(self) -> None:
+            hits.append(self.path)
+            super().do_GET()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = person_http_server(Quiet)
+    port = int(httpd.server_address[1])
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        open_notebook(page, lab, "ask-dialog.ipynb", "ivralo-lab-deadline", "Python (ivralo, 2 s deadline)")
+        expect = playwright.expect
+        expect(page.locator(".jp-NotebookPanel[data-ivralo-dialogs=on]")).to_have_count(1, timeout=30_000)
+        cells = page.locator(".jp-Notebook .jp-Cell")
+        run_in_last_cell(
+            page, f"import urllib.request\nprint(urllib.request.urlopen('http://localhost:{port}/once').status)"
+        )
+        dialog = page.locator(".jp-Dialog")
+        expect(dialog).to_contain_text(f"wants to reach localhost, this machine, port {port}", timeout=30_000)
+        assert hits == [], "nothing before the answer"
+        shoot(page, "egress-dialog.png", dialog.locator(".jp-Dialog-content"))
+        dialog.locator("button", has_text="Allow once").focus()
+        page.keyboard.press("Enter")
+        output = cells.nth(0).locator(".jp-OutputArea")
+        expect(output).to_contain_text("200", timeout=30_000)
+        expect(output).to_contain_text("[ivralo network: localhost allowed until this kernel restarts]")
+        expect(dialog).to_have_count(0)
+        assert hits == ["/once"], "the answer let one request through"
     finally:
         httpd.shutdown()
         httpd.server_close()
@@ -319,3 +370,67 @@ def test_a_brokered_call_shows_its_record_line(page: Any, lab: dict[str, Any]) -
     expect(output).to_contain_text("{'name': 'bagel', 'price': 2.2}", timeout=30_000)
     expect(output).to_contain_text("[ivralo answered this code's calls: shop database with", timeout=30_000)
     shoot(page, "record-line.png", cells.nth(0))
+
+
+def test_the_status_bar_shows_the_hosts_facts(page: Any, lab: dict[str, Any]) -> None:
+    """The extension's status bar item (labextension/src/status.ts): sandboxed, the deadline and the
+    memory limit, from the host's provisioner (host/jupyter/lab_server.py), not from kernel_info; a
+    click says what this mode does not stop, in the words of protocol/sandbox/modes.py."""
+    from ivralo_kernel.protocol.policy import default_memory_limit
+    from ivralo_kernel.protocol.sandbox.modes import SANDBOX_GAPS
+
+    display = "Python (ivralo, 2 s deadline)"
+    open_notebook(page, lab, "status.ipynb", "ivralo-lab-deadline", display)
+    expect = playwright.expect
+    item = page.locator("#jp-main-statusbar .jp-ivralo-SandboxStatus")
+    memory = f"{default_memory_limit() / (1 << 30):.1f} GiB"
+    expect(item).to_have_text(f"ivralo: sandboxed · deadline 2 s · memory {memory}", timeout=30_000)
+    item.click()
+    dialog = page.locator(".jp-Dialog")
+    expect(dialog).to_contain_text("OS sandbox (bubblewrap)", timeout=10_000)
+    expect(dialog).to_contain_text(f"Not stopped in this mode: {SANDBOX_GAPS}.")
+    shoot(page, "sandbox-status.png", dialog.locator(".jp-Dialog-content"), item)
+    page.keyboard.press("Escape")
+    expect(dialog).to_have_count(0, timeout=10_000)
+
+
+def test_each_cells_effects_show_beside_it_and_are_not_saved(page: Any, lab: dict[str, Any]) -> None:
+    """The effects line (labextension/src/effects.ts), under the cell's input and not an output: it
+    names a file the cell wrote whose name is nowhere in the cell's source (it is built from chr()
+    codes, so the line can only have it from the kernel's effects report); quiet for a cell that did
+    nothing notable; expandable; and absent from the saved .ipynb."""
+    name = showcase_shots.EFFECTS_FILE
+    codes = ", ".join(str(ord(c)) for c in name)
+    open_notebook(page, lab, "effects.ipynb", "ivralo", "Python (ivralo)")
+    expect = playwright.expect
+    cells = page.locator(".jp-Notebook .jp-Cell")
+    run_in_last_cell(page, f"p = ''.join(map(chr, [{codes}]))\nopen(p, 'w').write('x')\nprint('done')")
+    expect(cells.nth(0).locator(".jp-OutputArea-output")).to_have_text("done", timeout=30_000)
+    line = cells.nth(0).locator(".jp-ivralo-Effects")
+    expect(line.locator(".jp-ivralo-Effects-line")).to_contain_text(f"ivralo: created {name}", timeout=30_000)
+    expect(line.locator(".jp-ivralo-Effects-details")).to_be_hidden()
+    line.locator(".jp-ivralo-Effects-line").click()
+    expect(line.locator(".jp-ivralo-Effects-details")).to_contain_text(f"created: {name}")
+    assert cells.nth(0).locator(".jp-OutputArea").inner_text().count(name) == 0, "not an output"
+    run_in_last_cell(page, "x = 1")
+    expect(cells.nth(1).locator(".jp-InputPrompt")).to_have_text("[2]:", timeout=30_000)
+    expect(cells.nth(1).locator(".jp-ivralo-Effects")).to_be_hidden()  # quiet: nothing notable
+    # A changed file's Restore: through the server extension and the host's history, not the kernel.
+    kept = lab["nbdir"] / showcase_shots.EFFECTS_KEPT
+    kept.write_text("before")
+    run_in_last_cell(page, f"open({kept.name!r}, 'w').write('after')")
+    changed = cells.nth(2).locator(".jp-ivralo-Effects")
+    expect(changed.locator(".jp-ivralo-Effects-line")).to_contain_text(f"ivralo: changed {kept.name}", timeout=30_000)
+    changed.locator(".jp-ivralo-Effects-line").click()
+    assert kept.read_text() == "after"
+    changed.locator(".jp-ivralo-Effects-restore").click()
+    expect(changed.locator(".jp-ivralo-Effects-note")).to_contain_text(f"Restored {kept.name}", timeout=30_000)
+    assert kept.read_text() == "before"
+    shoot(page, "effects-line.png", cells.nth(0), cells.nth(2))
+    page.keyboard.press("Control+s")
+    saved = lab["nbdir"] / "effects.ipynb"
+    expect(page.locator(".lm-DockPanel-tabBar .lm-mod-current.jp-mod-dirty")).to_have_count(0, timeout=30_000)
+    assert "done" in saved.read_text(), saved.read_text()  # saved, with the cell's outputs
+    assert name not in saved.read_text(), "the effects line is not saved into the notebook"
+    assert "Restored" not in saved.read_text()
+    assert (lab["nbdir"] / name).read_text() == "x"

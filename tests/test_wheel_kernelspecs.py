@@ -17,6 +17,8 @@ from ivralo_kernel.cli.install import install
 
 ROOT = Path(__file__).resolve().parents[1]
 NAMES = ("ivralo", "ivralo-hermetic")
+LABEXT = "ivralo-labextension"
+SERVER_SWITCH = "etc/jupyter/jupyter_server_config.d/ivralo-kernel.json"
 
 
 def pip(*args: str) -> None:
@@ -35,6 +37,13 @@ def test_the_wheel_and_an_editable_install_ship_both_kernelspecs(tmp_path: Path)
     with zipfile.ZipFile(wheel) as archive:
         data = f"{wheel.name.split('-')[0]}-{wheel.name.split('-')[1]}.data/data/share/jupyter/kernels"
         shipped = {name: json.loads(archive.read(f"{data}/{name}/kernel.json")) for name in NAMES}
+        # The JupyterLab extension, prebuilt (issue 32), and the switch of its server side.
+        root = data.removesuffix("share/jupyter/kernels")
+        names = set(archive.namelist())
+        labext = f"{root}share/jupyter/labextensions/{LABEXT}"
+        assert json.loads(archive.read(f"{labext}/package.json"))["name"] == LABEXT
+        assert any(n.startswith(f"{labext}/static/remoteEntry.") for n in names), sorted(names)
+        assert f"{root}{SERVER_SWITCH}" in names
     for name, spec in shipped.items():
         expected = installed_spec(tmp_path, hermetic=name == "ivralo-hermetic")
         assert spec["argv"][0] == "python", spec
@@ -47,3 +56,5 @@ def test_the_wheel_and_an_editable_install_ship_both_kernelspecs(tmp_path: Path)
     for name in NAMES:
         spec = json.loads((env / "share" / "jupyter" / "kernels" / name / "kernel.json").read_text())
         assert spec["argv"][0] == str(env / "bin" / "python"), (name, spec["argv"])
+    assert (env / "share" / "jupyter" / "labextensions" / LABEXT / "package.json").is_file()
+    assert (env / SERVER_SWITCH).is_file()

@@ -31,6 +31,7 @@ from ivralo_kernel.host.jupyter.egress_gate import EgressGate, GatedKernel
 from ivralo_kernel.host.jupyter.kernel_resources import KernelResources, Resource
 from ivralo_kernel.host.jupyter.kernel_tree import SIGNAL_KILL_NOW, SUPERVISOR_KILL_BUDGET_S, discard  # noqa: F401 - kept here too
 from ivralo_kernel.host.jupyter.kernel_watch import KernelWatch, killed_cell_text  # noqa: F401 - its text, named here too
+from ivralo_kernel.host.jupyter.person_dialogs import DIALOGS
 from ivralo_kernel.host.jupyter.spare_adoption import SpareAdoption
 from ivralo_kernel.host.off_loop import off_loop
 from ivralo_kernel.host.sandbox import memory_cgroup
@@ -42,6 +43,7 @@ from ivralo_kernel.host.sandbox.exchange_folder import clear_exchange_folder, cr
 from ivralo_kernel.host.sandbox.kernel_output import relay_output
 from ivralo_kernel.host.sandbox.launch import SandboxFolder, SandboxStart, kernel_connection, sandboxed_command
 from ivralo_kernel.host.sandbox.memory_cgroup import KernelCgroup
+from ivralo_kernel.host.sandbox.person_question import split_prompt
 from ivralo_kernel.host.sandbox.plan import dotenv_for_kernel, dotenv_set_aside, prepare_workspace
 from ivralo_kernel.host.settings.file_problems import settings_file_lines
 from ivralo_kernel.host.settings.resolve import IvraloSettings, config_file_layers
@@ -312,7 +314,18 @@ class IvraloProvisioner(KernelWatch, SpareAdoption, LocalProvisioner, IvraloSett
         on the clients' side of the relay, which code in the kernel can neither write nor read. No
         relay (no sandbox: the kernel binds the clients' sockets itself): nobody the host can ask."""
         relay = self.relay
-        return relay.ask(execution, prompt, PERSON_ANSWER_TIMEOUT_S) if relay is not None else None
+        if relay is None:
+            return None
+        # A page with ivralo's JupyterLab extension asks as a dialog (host/jupyter/person_dialogs.py).
+        split = split_prompt(prompt)
+        if split is not None and DIALOGS.by_dialog(self.kernel_id, relay.client_session(execution)):
+            question, choices = split
+
+            def ended() -> bool:  # its reply went out, or the relay closed (the kernel is replaced)
+                return relay.closed or relay.replied(execution)
+
+            return DIALOGS.ask(str(self.kernel_id), execution, question, choices, PERSON_ANSWER_TIMEOUT_S, ended)
+        return relay.ask(execution, prompt, PERSON_ANSWER_TIMEOUT_S)
 
     def supervisor_pid(self) -> int | None:
         """The supervisor's pid, as the host sees it (inside a sandbox, bwrap's processes come first)."""

@@ -184,6 +184,15 @@ class ChannelRelay:
                 came = max(came, answered)
         return None
 
+    @property
+    def closed(self) -> bool:
+        """(any thread) Closing or closed: its questions are nobody's to answer now."""
+        return self._closing.is_set()
+
+    def client_session(self, execution: str) -> str | None:
+        """(any thread) The session of the client that sent the running ``execution``, if it allowed stdin."""
+        return self._questions.client_session(execution) if self._questions is not None else None
+
     def ask(self, execution: str, prompt: str, timeout: float) -> str | None:
         """(any thread; blocks) Ask the person at the input prompt of ``execution``, the running
         request a client sent, and return what they typed; None: nobody can answer there (no such

@@ -18,6 +18,15 @@ def prompt_text(question: str, choices: Sequence[str]) -> str:
     return f"{question}. Allow? [{'/'.join(choices)}] "
 
 
+def split_prompt(prompt: str) -> tuple[str, tuple[str, ...]] | None:
+    """``prompt_text``'s question and choices, from its text (a dialog offers them as buttons);
+    None for any other text."""
+    question, sep, tail = prompt.rpartition(". Allow? [")
+    if not sep or not tail.endswith("] "):
+        return None
+    return question, tuple(tail[:-2].split("/"))
+
+
 def ask_until_chosen(ask: TypedAnswer, question: str, choices: Sequence[str]) -> str | None:
     """Ask until the answer is one of the choices or a prefix of one ("no" after the last
     attempt); None if nobody can answer."""

@@ -153,6 +153,16 @@ class StdinQuestions:
             self._settle(question, value if isinstance(value, str) else "")
         return True
 
+    def client_session(self, execution: str) -> str | None:
+        """The client session (its header's ``session``) that sent ``execution``, while it runs and
+        if that client allowed stdin: who could be asked about it."""
+        with self._lock:
+            request = self._running.get(execution)
+        if request is None or not request.allow_stdin:
+            return None
+        session = request.header.get("session")
+        return session if isinstance(session, str) else None
+
     # -- the host's question ---------------------------------------------------------------
     def question(self, execution: str, prompt: str) -> tuple[HostQuestion, list[bytes]] | None:
         """The input_request to send for ``execution``, or None: no client that sent it can answer

@@ -9,22 +9,10 @@ from __future__ import annotations
 
 from ivralo_kernel.protocol import audience, names
 from ivralo_kernel.protocol.sandbox import container
+from ivralo_kernel.protocol.sandbox.modes import FALLBACK_GAPS, SANDBOX_LAYER
 
-SANDBOX_LAYER = (
-    "bwrap: user, mount, pid, ipc, uts, net and cgroup namespaces; root file system read-only, workspace "
-    "writable, .git/.ivralo/databases.json read-only, .env unreadable, credential stores empty, no unix "
-    "socket of the machine, "
-    "only this sandbox's processes"
-)
 EGRESS_LAYER = (
     f"only through the host's egress proxy (127.0.0.1:{names.RELAY_PORT}; HTTP_PROXY, HTTPS_PROXY, ALL_PROXY)"
-)
-FALLBACK_GAPS = (
-    "a subprocess or ctypes can reach the network directly, write .git/, .ivralo/ and the tool files "
-    "other programs run (.vscode, .envrc, ...) inside the workspace and replace a closed name that is a "
-    "link (Landlock keeps only the top and the dot-entries of a home folder the workspace holds), read "
-    ".env and the files outside the workspace that the read floor allows; run as root, it can read "
-    "other processes' environments"
 )
 NO_READ_FLOOR = (
     "; Landlock's read floor is not in force ({why}): any process reads other kernels' connection files, "
