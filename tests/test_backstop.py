@@ -46,3 +46,25 @@ def test_garbage_is_no_line_at_all() -> None:
         assert pipe.decode(text) is None, text
     assert pipe.decode("stage:guards installed") == pipe.Stage("guards installed")
     assert pipe.decode("kill-now") == pipe.KillNow()
+
+
+def test_a_stopped_watchdog_writes_no_kill_time() -> None:
+    """The host's pipe serves every kernel of a launch. A stopped watchdog (its kernel crashed and is
+    being restarted) that still armed its crashed cell's kill time put it in the next supervisor's
+    pipe after that supervisor had emptied it, and the next kernel's cell was killed at that time."""
+    import os
+
+    from ivralo_kernel.host.watch.escalation import DeadlinePolicy
+    from ivralo_kernel.host.watch.watchdog import Watchdog, WatchdogSettings
+
+    written: list[tuple[str, float | None]] = []
+    settings = WatchdogSettings(deadline=DeadlinePolicy(deadline_ms=3000, interrupt_grace_ms=1000))
+    info = {"transport": "tcp", "ip": "127.0.0.1", "key": "", "signature_scheme": "hmac-sha256"}
+    dog = Watchdog(info, os.getpid(), settings, lambda: None, backstop=lambda e, at: written.append((e, at)))
+    assert dog.deadlines is not None
+    dog.deadlines.on_busy("crashed-cell", real=True)
+    assert [e for e, _ in written] == ["crashed-cell"]  # armed while it watches
+    dog.stop()
+    dog.deadlines.on_busy("after-stop", real=True)
+    dog.deadlines.resume("crashed-cell")
+    assert [e for e, _ in written] == ["crashed-cell"], written

@@ -111,6 +111,8 @@ class KernelWatch:
                 info = self.resources.kernel_side if self.resources.relay is not None else dict(self.connection_info)
                 answer_lost_execution(dict(info or {}), loss.parent, loss.requester, text)
             cmd, kwargs = self.resources.launch.launch_args
+            if self.resources.watchdog is not None:  # the dead kernel's: it writes no more kill times
+                self.resources.watchdog.stop()
             # The killed kernel's socket files: the new one binds the same.
             if self.resources.launch.folder is not None and self.resources.relay is not None:
                 self.resources.launch.folder.clear_kernel_sockets()

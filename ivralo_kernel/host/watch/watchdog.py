@@ -117,9 +117,15 @@ class Watchdog:
         # SIGINT for the supervisor, which passes it on to the kernel's group (inside a sandbox,
         # the supervisor is not the launched process: bwrap would die of it).
         signal_interrupt = interrupt or (lambda: os.killpg(root_pid, signal.SIGINT))
+        # One pipe carries the kill times of every kernel of a launch (restarts, replacements), and this
+        # thread writes its executions' on each step: once stopped it must write none, or a line for the
+        # crashed kernel's cell lands after the next supervisor emptied the pipe, and ends that
+        # kernel's cell at the dead one's kill time (the soak: 4 in 82 cells after a restarter's restart).
+        self._life = threading.Lock()
+        watched_backstop = self._while_watching(backstop) if backstop is not None else None
         self.deadlines = (
             DeadlineWatch(
-                settings.deadline, root_pid, clock, self._kill, signal_interrupt, backstop, self._log, replied
+                settings.deadline, root_pid, clock, self._kill, signal_interrupt, watched_backstop, self._log, replied
             )
             if settings.deadline is not None
             else None
@@ -138,8 +144,18 @@ class Watchdog:
         self._thread.start()
 
     def stop(self) -> None:
-        """Ask the thread to end; never wait for it (teardown must not block on a reader)."""
-        self._stop.set()
+        """Ask the thread to end; never wait for it (teardown must not block on a reader). From here on
+        it writes no kill time: the lock waits only for a write in progress (the pipe does not block)."""
+        with self._life:
+            self._stop.set()
+
+    def _while_watching(self, backstop: Callable[[str, float | None], None]) -> Callable[[str, float | None], None]:
+        def write(execution: str, kill_at: float | None) -> None:
+            with self._life:
+                if not self._stop.is_set():
+                    backstop(execution, kill_at)
+
+        return write
 
     @property
     def escalations(self) -> Mapping[str, Escalation]:
