@@ -8,6 +8,7 @@ host then waits for a reply that never comes and kills the kernel at its deadlin
 from __future__ import annotations
 
 import queue
+import signal
 import time
 from typing import Any
 
@@ -15,7 +16,7 @@ import pytest
 from jupyter_client.blocking.client import BlockingKernelClient
 from jupyter_client.manager import KernelManager
 
-from ivralo_kernel.kernel.interrupts import COALESCE_S, RAISE_HELD, InterruptWindow
+from ivralo_kernel.kernel.interrupts import RAISE_HELD, InterruptWindow
 
 TRIALS = 40  # before the fix, each lost its reply with p ~ 0.12: all 40 answered with p < 1 %
 SLEEPER = "print('asleep', flush=True)\nimport time\ntime.sleep(30)"
@@ -75,44 +76,34 @@ def test_two_interrupts_close_together_still_answer_the_cell(km: KernelManager, 
     assert reply is not None and reply["content"]["ename"] == "KeyboardInterrupt"
 
 
-class _Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @pytest.mark.fast
 def test_a_sigint_is_raised_in_the_code_and_held_outside_it_until_the_cell_ends() -> None:
-    clock = _Clock()
-    window = InterruptWindow(clock)
+    window = InterruptWindow()
     code = compile("x = 1", "<cell>", "exec")
-    with pytest.raises(KeyboardInterrupt):  # outside an execution: as ipykernel's own handler
-        window.handler(2, None)
-    window.begin_execution()
-    window.handler(2, None)  # before the code runs: held...
-    assert window.enter_code(code) is RAISE_HELD  # ...and raised as its first act
-    window.leave_code()
-    assert window.enter_code(code) is code  # once
-    window.handler(2, None)  # the held one was that press: the same one, within COALESCE_S
-    clock.now += 2 * COALESCE_S
-    with pytest.raises(KeyboardInterrupt):
-        window.handler(2, None)
-    clock.now += COALESCE_S / 2
-    window.handler(2, None)  # the same press
-    clock.now += 2 * COALESCE_S
-    with pytest.raises(KeyboardInterrupt):  # a new one: a cell that caught the first and went on
-        window.handler(2, None)
-    window.leave_code()
-    window.handler(2, None)  # between statements: held for the next one
-    assert window.enter_code(code) is RAISE_HELD
-    window.leave_code()
-    window.handler(2, None)  # after the last: never raised, the reply is on its way
-    window.end_execution()
-    window.begin_execution()
-    assert window.enter_code(code) is code  # the next cell starts clean
-    window.leave_code()
-    window.end_execution()
-    with pytest.raises(KeyboardInterrupt):
-        window.handler(2, None)
+    previous = signal.signal(signal.SIGINT, window.hold)  # as pre_handler_hook sets it
+    try:
+        with pytest.raises(KeyboardInterrupt):  # outside an execution: as ipykernel's own handler
+            window.hold(signal.SIGINT, None)
+        window.begin_execution()
+        window.hold(signal.SIGINT, None)  # before the code runs: held...
+        assert window.enter_code(code) is RAISE_HELD  # ...and raised as its first act
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # in the code: a C handler
+        window.leave_code()
+        assert signal.getsignal(signal.SIGINT) == window.hold
+        assert window.enter_code(code) is code  # once
+        window.leave_code()
+        window.hold(signal.SIGINT, None)  # after the last statement: never raised, the reply is on its way
+        window.end_execution()
+        window.begin_execution()
+        assert window.enter_code(code) is code  # the next cell starts clean
+        window.leave_code()
+        window.end_execution()
+        awaiting = signal.signal(signal.SIGINT, lambda *_: None)  # an awaiting cell's own handler...
+        window.begin_execution()
+        window.enter_code(code)
+        assert signal.getsignal(signal.SIGINT) is not signal.default_int_handler  # ...is left alone
+        window.leave_code()
+        window.end_execution()
+        del awaiting
+    finally:
+        signal.signal(signal.SIGINT, previous)

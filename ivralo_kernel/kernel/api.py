@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ivralo_kernel.kernel import broker_rows
+import ivralo_kernel.kernel.broker_rows as broker_rows
 from ivralo_kernel.kernel.broker_calls import ANSWER_TIMEOUT_S as ANSWER_TIMEOUT_S  # still ivralo.ANSWER_TIMEOUT_S
 from ivralo_kernel.kernel.broker_calls import CATALOG_TIMEOUT_S, BrokerError, BrokerRefused
 from ivralo_kernel.kernel.broker_calls import ask as _ask

@@ -11,65 +11,65 @@ for a reply that never comes, and kills the kernel at deadline + grace: the soak
 killed instead of interrupted about once in 50-500 such calls.
 
 So during an execution SIGINT raises KeyboardInterrupt only while the cell's own code runs (inside
-IPython's ``run_code``, one top-level statement at a time): one that arrives before a statement runs
-is held and raised as that statement's first act; one after the last statement is never raised (the
-cell is over, its reply on the way); a second one within ``COALESCE_S`` of the first is the same
-press. Outside executions (completion, inspection) SIGINT raises as ipykernel's handler does.
+IPython's ``run_code``, one top-level statement at a time, where ipykernel's ``default_int_handler``
+is in place: a C function, so no frame of ours shows in the traceback). Outside the code this
+module's handler holds it: one that arrives before a statement runs is raised as that statement's
+first act; one after the last statement is never raised (the cell is over, its reply on the way).
+Outside executions (completion, inspection) SIGINT raises as ipykernel's handler does. An awaiting
+cell's own handler (compat ``_cancel_on_sigint``) is left alone.
 """
 
 from __future__ import annotations
 
-import time
+import signal
 from collections.abc import Callable
 from types import CodeType, FrameType
+from typing import Any
 
-# Two SIGINTs closer than this are one interrupt: the host's fallback after the kernel's own, or a
-# double press. A cell that catches KeyboardInterrupt and goes on can be interrupted again after it.
-COALESCE_S = 0.05
 # What runs instead of a cell's next statement when an interrupt was held for it: the KeyboardInterrupt
 # is then raised inside IPython's handling, shown as every interrupt is (the deadline's message included).
 RAISE_HELD = compile("raise KeyboardInterrupt", "<interrupt>", "exec")
 
 
 class InterruptWindow:
-    """The main thread's SIGINT handler during shell messages, and when the cell's code runs."""
+    """The main thread's SIGINT handler during shell messages, swapped for ``default_int_handler``
+    while the cell's code runs."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
-        self._clock = clock
+    def __init__(self) -> None:
         self._executing = False
-        self._in_code = False
         self._held = False
-        self._raised_at: float | None = None
+        self.hold = self._hold  # one bound method: the handler compared with what signal.getsignal gives
 
-    def handler(self, signum: int, frame: FrameType | None) -> None:
+    def _hold(self, signum: int, frame: FrameType | None) -> None:
         if not self._executing:
-            raise KeyboardInterrupt
-        if not self._in_code:
-            self._held = True  # raised when the code runs; dropped if none runs any more
-            return
-        now = self._clock()
-        if self._raised_at is not None and now - self._raised_at < COALESCE_S:
-            return
-        self._raised_at = now
-        raise KeyboardInterrupt
+            signal.default_int_handler(signum, frame)
+        self._held = True  # raised when a statement runs; dropped if none runs any more
 
-    # -- the execution (do_execute) ----------------------------------------------------------
+    # -- the execution (execute_request) -------------------------------------------------------
     def begin_execution(self) -> None:
-        self._executing, self._in_code, self._held, self._raised_at = True, False, False, None
+        self._executing, self._held = True, False
 
     def end_execution(self) -> None:
-        self._executing = self._in_code = self._held = False
+        self._executing = self._held = False
 
     # -- the cell's code (each top-level statement IPython runs) ---------------------------------
     def enter_code(self, code: CodeType) -> CodeType:
         """The code to run: ``code``, or the held interrupt instead of it."""
-        self._in_code = True
+        _swap(self.hold, signal.default_int_handler)
         if self._held:
             self._held = False
-            self._raised_at = self._clock()
             return RAISE_HELD
         return code
 
     def leave_code(self) -> None:
-        """The code ended (or its exception is being shown): later SIGINTs are held or dropped."""
-        self._in_code = False
+        """The code ended (or its exception is being shown): later SIGINTs are held."""
+        _swap(signal.default_int_handler, self.hold)
+
+
+def _swap(current: object, new: Callable[[int, FrameType | None], Any]) -> None:
+    """``new`` as SIGINT's handler if ``current`` is it (not an awaiting cell's own); main thread only."""
+    try:
+        if signal.getsignal(signal.SIGINT) == current:
+            signal.signal(signal.SIGINT, new)
+    except ValueError:  # not the main thread: nothing of a cell's code runs elsewhere
+        pass

@@ -280,7 +280,7 @@ class IvraloKernel(compat.KernelOverrides, IPythonKernel):
         return metadata
 
     def sigint_handler(self) -> Any:
-        return self.interrupts.handler
+        return self.interrupts.hold
 
     # -- control-channel handlers (Control thread) -----------------------------------------
     async def ivralo_deadline_notice(self, stream: Any, ident: Any, parent: dict[str, Any]) -> None:
