@@ -140,3 +140,5 @@ async def test_a_kernel_whose_restarts_failed_leaves_no_folder(workspace: Path) 
             await manager.shutdown_kernel(now=True)
         else:
             await manager.cleanup_resources()  # what jupyter_server never does for it: the control socket
+        if getattr(manager, "_created_context", False):  # its own zmq context: ended here, not by a later GC
+            manager.context.destroy(linger=0)

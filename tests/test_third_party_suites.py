@@ -17,6 +17,7 @@ import sys
 import tarfile
 import time
 import xml.etree.ElementTree as ET
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -95,35 +96,69 @@ def suite_env(base: Path, kernel: str, names: tuple[str, ...] = ("python3",)) ->
     return env
 
 
+class RunningSuite:
+    """A suite's pytest started in ``root``; ``finish`` waits for it and reads its report."""
+
+    def __init__(self, root: Path, args: list[str], env: dict[str, str]) -> None:
+        self.root = root
+        self.report = root / "ivralo-report.xml"
+        self.report.unlink(missing_ok=True)
+        command = [sys.executable, "-m", "pytest", *args, "-p", "no:cacheprovider", "--color=no"]
+        # pytest-asyncio >= 1.x warns (an error under the suites' filterwarnings) when this is unset.
+        command += ["-o", "asyncio_default_fixture_loop_scope=function", f"--junitxml={self.report}"]
+        self.start = time.monotonic()
+        self.proc = subprocess.Popen(
+            command, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+
+    def stop(self) -> None:
+        """End it if it still runs (a test that failed before finishing it)."""
+        if self.proc.poll() is None:
+            kill_tree(self.proc.pid)
+            self.proc.communicate()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+    def finish(self, timeout: float) -> dict[str, tuple[str, str]]:
+        """{test id: (outcome, failure text)}; ``timeout`` counts from the start."""
+        proc, root = self.proc, self.root
+        try:
+            output, _ = proc.communicate(timeout=max(1.0, self.start + timeout - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            kill_tree(proc.pid)
+            output, _ = proc.communicate()
+            pytest.fail(f"{root.name} did not finish within {timeout} s:\n{output[-6000:]}")
+        print(f"{root.name}: pytest exited {proc.returncode} after {time.monotonic() - self.start:.0f} s")
+        assert self.report.is_file(), f"{root.name}: no report (exit {proc.returncode}):\n{output[-6000:]}"
+        outcomes: dict[str, tuple[str, str]] = {}
+        for case in ET.parse(self.report).iter("testcase"):
+            test_id = f"{case.get('classname')}::{case.get('name')}"
+            outcome, text = "passed", ""
+            for child in case:
+                if child.tag in ("failure", "error", "skipped"):
+                    outcome = {"failure": "failed"}.get(child.tag, child.tag)
+                    text = f"{child.get('message', '')}\n{child.text or ''}"
+            # A test may be reported more than once (flaky's reruns, an error at teardown): keep the worst.
+            if test_id not in outcomes or RANK[outcome] >= RANK[outcomes[test_id][0]]:
+                outcomes[test_id] = (outcome, text)
+        return outcomes
+
+
 def run_suite(root: Path, args: list[str], env: dict[str, str], timeout: float) -> dict[str, tuple[str, str]]:
     """Run the suite's pytest in ``root``; return {test id: (outcome, failure text)}."""
-    report = root / "ivralo-report.xml"
-    report.unlink(missing_ok=True)
-    command = [sys.executable, "-m", "pytest", *args, "-p", "no:cacheprovider", "--color=no"]
-    # pytest-asyncio >= 1.x warns (an error under the suites' filterwarnings) when this is unset.
-    command += ["-o", "asyncio_default_fixture_loop_scope=function", f"--junitxml={report}"]
-    start = time.monotonic()
-    proc = subprocess.Popen(command, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        output, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        kill_tree(proc.pid)
-        output, _ = proc.communicate()
-        pytest.fail(f"{root.name} did not finish within {timeout} s:\n{output[-6000:]}")
-    print(f"{root.name}: pytest exited {proc.returncode} after {time.monotonic() - start:.0f} s")
-    assert report.is_file(), f"{root.name}: no report (exit {proc.returncode}):\n{output[-6000:]}"
-    outcomes: dict[str, tuple[str, str]] = {}
-    for case in ET.parse(report).iter("testcase"):
-        test_id = f"{case.get('classname')}::{case.get('name')}"
-        outcome, text = "passed", ""
-        for child in case:
-            if child.tag in ("failure", "error", "skipped"):
-                outcome = {"failure": "failed"}.get(child.tag, child.tag)
-                text = f"{child.get('message', '')}\n{child.text or ''}"
-        # A test may be reported more than once (flaky's reruns, an error at teardown): keep the worst.
-        if test_id not in outcomes or RANK[outcome] >= RANK[outcomes[test_id][0]]:
-            outcomes[test_id] = (outcome, text)
-    return outcomes
+    return RunningSuite(root, args, env).finish(timeout)
+
+
+@pytest.fixture(scope="module")
+def nbclient_running(tmp_path_factory: pytest.TempPathFactory, sdist_dir: Path) -> Iterator[RunningSuite]:
+    """nbclient's suite, started as this module starts: it runs beside the debugger's and papermill's
+    (these suites mostly wait on kernels; one after the other they took over 4 of CI's 25 minutes)."""
+    base = tmp_path_factory.mktemp("nbclient")
+    root = unpack("nbclient", sdist_dir, base)
+    env = suite_env(base / "jupyter", "ivralo", names=("python3", "python"))
+    running = RunningSuite(root, ["tests"], env)
+    yield running
+    running.stop()
 
 
 def not_passed(outcomes: dict[str, tuple[str, str]]) -> dict[str, str]:
@@ -131,6 +166,7 @@ def not_passed(outcomes: dict[str, tuple[str, str]]) -> dict[str, str]:
 
 
 @pytest.mark.timeout(420)
+@pytest.mark.usefixtures("nbclient_running")  # started first: it runs beside this one
 def test_ipykernel_debugger_suite(tmp_path: Path, sdist_dir: Path) -> None:
     """ipykernel's tests/test_debugger.py: tests/utils.py's new_kernel() starts the ``python3`` kernelspec."""
     root = unpack("ipykernel", sdist_dir, tmp_path)
@@ -138,29 +174,6 @@ def test_ipykernel_debugger_suite(tmp_path: Path, sdist_dir: Path) -> None:
     outcomes = run_suite(root, ["tests/test_debugger.py"], env, timeout=360)
     assert len(outcomes) == 12, sorted(outcomes)
     assert not_passed(outcomes) == {}, {t: text[-3000:] for t, (o, text) in outcomes.items() if o != "passed"}
-
-
-# nbclient's tests that write outside the kernel's working directory (tests/files): refused by design.
-NBCLIENT_WRITES_OUTSIDE = {
-    # "Parallel Execute A/B.ipynb" write test_file_{A,B}.txt into $NBEXECUTE_TEST_PARALLEL_TMPDIR (pytest's tmpdir)
-    "tests.test_client::test_parallel_notebooks": "failed",
-    "tests.test_client::test_async_parallel_notebooks": "failed",
-}
-
-
-@pytest.mark.timeout(600)
-def test_nbclient_suite(tmp_path: Path, sdist_dir: Path) -> None:
-    """nbclient's whole suite; its notebooks and tests name the kernels ``python3`` and ``python``."""
-    root = unpack("nbclient", sdist_dir, tmp_path)
-    env = suite_env(tmp_path / "jupyter", "ivralo", names=("python3", "python"))
-    outcomes = run_suite(root, ["tests"], env, timeout=540)
-    assert len(outcomes) == 127, sorted(outcomes)
-    assert not_passed(outcomes) == NBCLIENT_WRITES_OUTSIDE, {
-        t: text[-3000:] for t, (o, text) in outcomes.items() if o != "passed" and t not in NBCLIENT_WRITES_OUTSIDE
-    }
-    for test in NBCLIENT_WRITES_OUTSIDE:
-        text = outcomes[test][1]
-        assert "ivralo write guard" in text and "outside the workspace" in text, text[-3000:]
 
 
 # papermill's tests of its cloud storage handlers need azure, boto3/moto, gcsfs or pyarrow and start no kernel.
@@ -174,12 +187,40 @@ PAPERMILL_FAILS_WITH_ANY_KERNEL = {
 @pytest.mark.timeout(600)
 def test_papermill_suite_same_as_ipykernel(tmp_path: Path, sdist_dir: Path) -> None:
     """papermill's suite twice: ``python3`` as ipykernel's own kernelspec, then as ivralo's; same outcomes."""
-    root = unpack("papermill", sdist_dir, tmp_path)
     args = ["papermill/tests", *(f"--ignore=papermill/tests/{name}" for name in PAPERMILL_CLOUD_ONLY)]
-    plain = run_suite(root, args, suite_env(tmp_path / "plain", "ipykernel"), timeout=260)
-    ivralo = run_suite(root, args, suite_env(tmp_path / "ivralo", "ivralo"), timeout=260)
+    runs = []
+    try:  # both at once, each in its own copy (they mostly wait on kernels)
+        for kernel in ("ipykernel", "ivralo"):
+            root = unpack("papermill", sdist_dir, tmp_path / f"src-{kernel}")
+            runs.append(RunningSuite(root, args, suite_env(tmp_path / kernel, kernel)))
+        plain, ivralo = (run.finish(timeout=420) for run in runs)
+    finally:
+        for run in runs:
+            run.stop()
     assert len(plain) == 502, sorted(plain)
     assert not_passed(plain) == PAPERMILL_FAILS_WITH_ANY_KERNEL, not_passed(plain)
     differ = {t: (plain.get(t, ("absent", ""))[0], o, text[-3000:]) for t, (o, text) in ivralo.items()}
     differ = {t: d for t, d in differ.items() if d[0] != d[1]}
     assert set(ivralo) == set(plain) and not differ, differ
+
+
+# Last: it ran beside the suites above, started with this module (nbclient_running).
+# nbclient's tests that write outside the kernel's working directory (tests/files): refused by design.
+NBCLIENT_WRITES_OUTSIDE = {
+    # "Parallel Execute A/B.ipynb" write test_file_{A,B}.txt into $NBEXECUTE_TEST_PARALLEL_TMPDIR (pytest's tmpdir)
+    "tests.test_client::test_parallel_notebooks": "failed",
+    "tests.test_client::test_async_parallel_notebooks": "failed",
+}
+
+
+@pytest.mark.timeout(600)
+def test_nbclient_suite(nbclient_running: RunningSuite) -> None:
+    """nbclient's whole suite; its notebooks and tests name the kernels ``python3`` and ``python``."""
+    outcomes = nbclient_running.finish(timeout=540)
+    assert len(outcomes) == 127, sorted(outcomes)
+    assert not_passed(outcomes) == NBCLIENT_WRITES_OUTSIDE, {
+        t: text[-3000:] for t, (o, text) in outcomes.items() if o != "passed" and t not in NBCLIENT_WRITES_OUTSIDE
+    }
+    for test in NBCLIENT_WRITES_OUTSIDE:
+        text = outcomes[test][1]
+        assert "ivralo write guard" in text and "outside the workspace" in text, text[-3000:]
