@@ -39,6 +39,24 @@ def person_http_server(handler: Callable[..., http.server.BaseHTTPRequestHandler
     raise OSError(errno.EADDRINUSE, f"no free port in {PERSON_PORTS}")
 
 
+def counting_person_server() -> tuple[http.server.ThreadingHTTPServer, int, list[str]]:
+    """A person's server (``person_http_server``) serving this folder, started: (the server, its
+    port, the path of each GET it got). The caller shuts it down."""
+    hits: list[str] = []
+
+    class Counting(http.server.SimpleHTTPRequestHandler):
+        def do_GET(self) -> None:
+            hits.append(self.path)
+            super().do_GET()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = person_http_server(Counting)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    return httpd, int(httpd.server_address[1]), hits
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 import showcase_shots
-from servers import jupyter_server, person_http_server
+from servers import counting_person_server, jupyter_server
 
 from ivralo_kernel.cli.install import install
 from ivralo_kernel.host.sandbox.egress import untrusted_note
@@ -213,22 +213,7 @@ def test_the_person_is_asked_about_an_unknown_host(page: Any, lab: dict[str, Any
     without the extension never makes it): the question appears where input() would; the answer is
     relayed to the host; the time the person takes (longer than the 2 s deadline here) does not count
     against the deadline."""
-    import http.server
-    import threading
-
-    hits: list[str] = []  # judged where the request lands, not by what the cell prints
-
-    class Quiet(http.server.SimpleHTTPRequestHandler):
-        def do_GET(self) -> None:
-            hits.append(self.path)
-            super().do_GET()
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    httpd = person_http_server(Quiet)
-    port = int(httpd.server_address[1])
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    httpd, port, hits = counting_person_server()  # judged where the request lands, not by what the cell prints
     # Nothing is allowed in advance: a fresh folder, as a newcomer has it.
     try:
         display = "Python (ivralo, 2 s deadline)"
@@ -266,22 +251,7 @@ def test_the_person_says_no_to_a_subprocess(page: Any, lab: dict[str, Any]) -> N
     """``!curl`` in a cell goes through the sandbox's proxy: the host's question as the extension's
     dialog (labextension/src/questions.ts), answered from the keyboard: Escape is Deny; "no" reaches
     nothing (judged by the server's request log)."""
-    import http.server
-    import threading
-
-    hits: list[str] = []
-
-    class Quiet(http.server.SimpleHTTPRequestHandler):
-        def do_GET(self) -> None:
-            hits.append(self.path)
-            super().do_GET()
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    httpd = person_http_server(Quiet)
-    port = int(httpd.server_address[1])
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    httpd, port, hits = counting_person_server()  # serving; hits: each GET's path
     try:
         open_notebook(page, lab, "ask-no.ipynb", "ivralo-lab-deadline", "Python (ivralo, 2 s deadline)")
         expect = playwright.expect
@@ -310,22 +280,7 @@ def test_the_host_asks_in_a_dialog_and_allow_once_lets_one_request_through(page:
     """The extension's dialog, from the host (the page fetches the host's open question from the
     server extension and answers it there: it never passes through the kernel); "Allow once" chosen
     from the keyboard; judged by the loopback server's hit count."""
-    import http.server
-    import threading
-
-    hits: list[str] = []
-
-    class Quiet(http.server.SimpleHTTPRequestHandler):
-        def do_GET(self) -> None:
-            hits.append(self.path)
-            super().do_GET()
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    httpd = person_http_server(Quiet)
-    port = int(httpd.server_address[1])
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    httpd, port, hits = counting_person_server()  # serving; hits: each GET's path
     try:
         open_notebook(page, lab, "ask-dialog.ipynb", "ivralo-lab-deadline", "Python (ivralo, 2 s deadline)")
         expect = playwright.expect

@@ -9,17 +9,15 @@ The browser and page fixtures and the helpers are tests/test_jupyterlab.py's; on
 
 from __future__ import annotations
 
-import http.server
 import json
 import os
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import showcase_shots
-from servers import jupyter_server, person_http_server
+from servers import counting_person_server, jupyter_server
 from test_jupyterlab import CHROMIUM, TOKEN, browser, page, playwright, run_in_last_cell
 
 from ivralo_kernel.host.sandbox.egress import untrusted_note
@@ -80,21 +78,9 @@ def test_notebook7_shows_the_effects_line_and_the_dialog_but_no_status_item(page
     kernel's effects report); there is no status bar, so no ivralo item; and the host's egress
     question comes as the extension's dialog, whose "Allow once" lets exactly one request through,
     judged by the loopback server's hit count."""
-    hits: list[str] = []
-
-    class Quiet(http.server.SimpleHTTPRequestHandler):
-        def do_GET(self) -> None:
-            hits.append(self.path)
-            super().do_GET()
-
-        def log_message(self, *args: object) -> None:
-            pass
-
     name = showcase_shots.EFFECTS_FILE
     codes = ", ".join(str(ord(c)) for c in name)
-    httpd = person_http_server(Quiet)
-    port = int(httpd.server_address[1])
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    httpd, port, hits = counting_person_server()  # serving; hits: each GET's path
     try:
         open_notebook(page, lab, "effects.ipynb")
         expect = playwright.expect
