@@ -68,3 +68,38 @@ def test_a_stopped_watchdog_writes_no_kill_time() -> None:
     dog.deadlines.on_busy("after-stop", real=True)
     dog.deadlines.resume("crashed-cell")
     assert [e for e, _ in written] == ["crashed-cell"], written
+
+
+def test_the_host_writes_a_kill_time_only_when_it_moves() -> None:
+    """Each line on the host's pipe wakes the supervisor's process, on a reply's way: the watch arms
+    at every step it takes, but the supervisor hears a running cell's kill time once, then again only
+    when it moves (a pause takes it away, the resume gives a later one), and the cancel once."""
+    import logging
+    import os
+    import time
+
+    from ivralo_kernel.host.watch.deadline import DeadlineWatch
+    from ivralo_kernel.host.watch.escalation import DeadlinePolicy
+
+    written: list[tuple[str, float | None]] = []
+    watch = DeadlineWatch(
+        DeadlinePolicy(deadline_ms=60_000, interrupt_grace_ms=1000),
+        os.getpid(),
+        time.monotonic,
+        kill=lambda _msg_id, _cause: None,
+        signal_interrupt=lambda: None,
+        backstop=lambda e, at: written.append((e, at)),
+        log=logging.getLogger(__name__),
+    )
+    watch.on_busy("cell", real=True)
+    for _ in range(5):  # nothing is due: each step arms the same kill time again
+        watch.advance(time.monotonic(), channels=None, on_control=lambda _msg: None)  # type: ignore[arg-type]
+    assert len(written) == 1 and written[0][0] == "cell" and written[0][1] is not None, written
+    watch.pause("cell")
+    assert written[-1] == ("cell", None), written
+    watch.resume("cell")
+    assert len(written) == 3 and written[-1][1] is not None, written
+    watch.on_idle("cell")
+    watch.advance(time.monotonic(), channels=None, on_control=lambda _msg: None)  # type: ignore[arg-type]
+    watch.advance(time.monotonic(), channels=None, on_control=lambda _msg: None)  # type: ignore[arg-type]
+    assert written.count(("cell", None)) <= 2, written

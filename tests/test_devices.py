@@ -43,9 +43,7 @@ MODES = ["sandbox", "fallback"] if availability()[0] is not None else ["fallback
 
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("mode", MODES)
-async def test_a_gpu_is_passed_through_by_default_and_not_with_none(
-    workspace: Path, gpu: str, mode: str
-) -> None:
+async def test_a_gpu_is_passed_through_by_default_and_not_with_none(workspace: Path, gpu: str, mode: str) -> None:
     path = gpu
     sandbox = "required" if mode == "sandbox" else "off"
     async with Session(workspace=workspace, config=WorkerConfig(sandbox=sandbox)) as session:

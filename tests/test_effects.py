@@ -113,3 +113,18 @@ async def test_the_peak_rss_counts_what_a_subprocess_holds(workspace: Path) -> N
     effects = result.effects  # type: ignore[union-attr]
     assert effects is not None
     assert effects["peak_rss_bytes"] > alone["peak_rss_bytes"] + (150 << 20), (effects, alone)
+
+
+async def test_the_peak_rss_starts_from_the_last_cells_end(workspace: Path) -> None:
+    """A cell's peak begins at the tree's RSS when the last cell ended (read once per cell, not at
+    each start): memory a cell frees still counts for it, and is gone from the cell after."""
+    async with Session(workspace=workspace) as session:
+        alone = (await session.run("1")).effects  # type: ignore[union-attr]
+        held = (await session.run("big = b'x' * (200 << 20)")).effects  # type: ignore[union-attr]
+        freed = (await session.run("del big")).effects  # type: ignore[union-attr]
+        after = (await session.run("1")).effects  # type: ignore[union-attr]
+    assert alone and held and freed and after
+    grown = 150 << 20
+    assert held["peak_rss_bytes"] > alone["peak_rss_bytes"] + grown, (held, alone)
+    assert freed["peak_rss_bytes"] > alone["peak_rss_bytes"] + grown, (freed, alone)
+    assert after["peak_rss_bytes"] < alone["peak_rss_bytes"] + (50 << 20), (after, alone)

@@ -82,9 +82,13 @@ class SupervisorBackstop:
     """Registers each execution's kill time with the supervisor, from the main thread, before any
     user code runs; cancels it when the execution ends."""
 
-    def __init__(self, deadline_ms: int, grace_ms: int, pipe: SupervisorPipe) -> None:
+    def __init__(self, deadline_ms: int, grace_ms: int, pipe: SupervisorPipe, host_enforces: bool = False) -> None:
         self.deadline_s, self.grace_s = deadline_ms / 1000, grace_ms / 1000
         self._pipe = pipe
+        # Where a host enforces deadlines the supervisor takes only the kernel's arming (a kernel's
+        # cancel or later time is ignored there): the other lines would only wake its process, on
+        # each reply's way.
+        self._arm_only = host_enforces
         self._execution = ""
         self._due: float | None = None
         self._left: float | None = None  # while paused: what was left of the deadline
@@ -100,16 +104,19 @@ class SupervisorBackstop:
         host enforces deadlines, the supervisor takes this from the host alone.)"""
         if self._due is not None and self._left is None:
             self._left = max(0.0, self._due - time.monotonic())
-            self._pipe.kill_at(self._execution, None)
+            if not self._arm_only:
+                self._pipe.kill_at(self._execution, None)
 
     def resume(self) -> None:
         if self._left is not None:
             self._due, self._left = time.monotonic() + self._left, None
-            self._pipe.kill_at(self._execution, self._due + self.grace_s + BACKSTOP_SLACK_S)
+            if not self._arm_only:  # (a later time than the first: ignored under a host)
+                self._pipe.kill_at(self._execution, self._due + self.grace_s + BACKSTOP_SLACK_S)
 
     def finished(self) -> None:
         self._due = self._left = None
-        self._pipe.kill_at(self._execution, None)
+        if not self._arm_only:
+            self._pipe.kill_at(self._execution, None)
 
 
 class InKernelWatchdog:

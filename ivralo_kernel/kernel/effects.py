@@ -25,6 +25,7 @@ class EffectsRecorder:
         self._started_at = 0.0
         self._cpu_at = 0.0
         self._peak = 0
+        self._last = -1  # the tree's RSS at the last cell's end (-1: no cell has ended yet)
         self._sampling = threading.Event()
         self._sampler: threading.Thread | None = None
 
@@ -34,7 +35,10 @@ class EffectsRecorder:
     def begin(self) -> None:
         collect = time.perf_counter()
         self.watch.begin()
-        self._peak = self._rss.read()
+        # The tree's RSS at the start is what it was when the last cell ended (an idle kernel's
+        # memory stays put): one reading per cell instead of two, about 50 us off each reply's way.
+        # What grew between cells is counted by the samples and the reading at this cell's end.
+        self._peak = self._last if self._last >= 0 else self._rss.read()
         self._sampling.set()
         if self._sampler is None:
             self._sampler = threading.Thread(target=self._sample, name="ivralo-effects-rss", daemon=True)
@@ -48,7 +52,8 @@ class EffectsRecorder:
         wall, cpu = time.monotonic() - self._started_at, _cpu_s() - self._cpu_at
         collect = time.perf_counter()
         self._sampling.clear()
-        self._peak = max(self._peak, self._rss.read())
+        self._last = self._rss.read()
+        self._peak = max(self._peak, self._last)
         files = self.watch.end()
         # A file renamed over by Python was kept first: it changed, it was not created.
         created = [p for p in files.created if p not in history]

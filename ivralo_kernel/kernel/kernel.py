@@ -133,7 +133,9 @@ class IvraloKernel(compat.KernelOverrides, IPythonKernel):
         self._backstop: SupervisorBackstop | None = None
         self._watchdog: InKernelWatchdog | None = None
         if policy and policy.deadline_ms and STATE.pipe is not None and STATE.pipe.connected:
-            self._backstop = SupervisorBackstop(policy.deadline_ms, policy.interrupt_grace_ms, STATE.pipe)
+            self._backstop = SupervisorBackstop(
+                policy.deadline_ms, policy.interrupt_grace_ms, STATE.pipe, host_enforces=policy.host_enforces_deadline
+            )
             BROKER.on_wait = (self._backstop.pause, self._backstop.resume)
             if not policy.host_enforces_deadline:
                 self._watchdog = InKernelWatchdog(policy.deadline_ms, self.deadline_notices)

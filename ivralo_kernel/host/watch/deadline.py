@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import math
 import threading
 import time
 from collections import OrderedDict
@@ -29,6 +30,10 @@ QUIET_CPU_SHARE = 0.25
 # Between the end of the grace and the supervisor's kill, as the kernel's own backstop has it
 # (kernel/deadline.py BACKSTOP_SLACK_S: the host acts first, the supervisor catches what it missed).
 BACKSTOP_SLACK_S = 0.12
+# A kill time already armed is written again only when it moved by more than this: the watchdog
+# arms at every step it takes (each message the kernel sends), and each line wakes the supervisor's
+# process, on a reply's way. Well inside the slack above.
+REARM_AFTER_S = 0.005
 
 Backstop = Callable[[str, float | None], None]  # (execution, CLOCK_MONOTONIC kill time or None)
 Kill = Callable[[str, str], None]  # (execution, cause)
@@ -56,7 +61,7 @@ class DeadlineWatch:
         # is over only then: "idle" and "not executing" are the kernel's word, which a cell can forge
         # while it sleeps on past its deadline. None: no relay, the kernel's word and the tree's CPU.
         self._replied = replied
-        self._armed: set[str] = set()
+        self._armed: dict[str, float] = {}  # execution -> the kill time the supervisor has
         # A settling execution's last reading of its tree: (when, CPU seconds so far).
         self._settle_from: dict[str, tuple[float, float]] = {}
         self._lock = threading.Lock()  # pause/resume come from brokered calls' threads
@@ -231,8 +236,9 @@ class DeadlineWatch:
         if running and not escalation.paused:
             policy = escalation.policy
             left = (policy.deadline_ms + policy.interrupt_grace_ms) / 1000 - escalation.elapsed(self._clock())
-            self._armed.add(msg_id)
-            self._backstop(msg_id, time.monotonic() + max(0.0, left) + BACKSTOP_SLACK_S)
-        elif msg_id in self._armed:
-            self._armed.discard(msg_id)
+            at = time.monotonic() + max(0.0, left) + BACKSTOP_SLACK_S
+            if abs(at - self._armed.get(msg_id, math.inf)) > REARM_AFTER_S:
+                self._armed[msg_id] = at
+                self._backstop(msg_id, at)
+        elif self._armed.pop(msg_id, None) is not None:
             self._backstop(msg_id, None)
