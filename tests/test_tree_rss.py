@@ -4,6 +4,7 @@ kernel closes its files under it."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -64,3 +65,31 @@ def test_a_child_started_after_the_first_reading_is_counted() -> None:
         assert child.stdout is not None
         child.stdout.close()
         reader.close()
+
+
+def test_a_kernel_without_children_reads_no_thread_files() -> None:
+    """The one-syscall path (ECHILD): with no child, the threads' files are never opened, and the
+    reading is still this process's RSS; a child makes the reader look at them again."""
+    reader = TreeRss()
+    try:
+        with contextlib.suppress(ChildProcessError):  # pytest's own children, if any, are reaped
+            if os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+                pytest.skip("this test process has an unreaped child")
+        if _has_children():
+            pytest.skip("this test process has children (a session server)")
+        assert abs(reader.read() - _statm_rss(os.getpid())) < 1 << 20
+        assert reader._children == {}
+        child = subprocess.Popen([sys.executable, "-c", "input()"], stdin=subprocess.PIPE)
+        try:
+            reader.read()
+            assert reader._children, "with a child, the threads' children files are read"
+        finally:
+            assert child.stdin is not None
+            child.stdin.close()
+            child.wait(timeout=30)
+    finally:
+        reader.close()
+
+
+def _has_children() -> bool:
+    return bool(psutil.Process().children())
