@@ -266,6 +266,25 @@ class KernelAppOverrides:
         """Hook: set options on a channel's socket before it is bound."""
 
 
+def quiet_welcomes(iopub_thread: Any, quiet: Callable[[str], bool]) -> None:
+    """No ``iopub_welcome`` for the subscriptions ``quiet`` names: wraps the ``IOPubThread``'s
+    ``_send_welcome_message(subscription)``, which ipykernel 7.4 calls on the IOPub thread for each
+    subscription its XPUB reports (``_handle_subscription``), on the instance.
+
+    If it changes: the host's watchdog's subscriptions to its own topics (protocol/iopub_topics.py)
+    are welcomed too, under those topics, and every client subscribed to everything gets the
+    welcome; one that connects at the same moment may take it for its own (jupyter_kernel_test's
+    check: a client's first IOPub message is its welcome, for ``""``).
+    """
+    send = iopub_thread._send_welcome_message
+
+    def send_unless_quiet(subscription: str) -> None:
+        if not quiet(subscription):
+            send(subscription)
+
+    iopub_thread._send_welcome_message = send_unless_quiet
+
+
 # -- host side: jupyter_client --------------------------------------------------------------------
 def popen_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
     """``launch_kernel``'s keyword arguments without those ``Popen`` refuses:

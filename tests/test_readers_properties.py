@@ -964,7 +964,6 @@ def test_any_message_on_the_kernels_iopub_is_handled_or_dropped(watchdog, parts,
     other), signed with the kernel's key, which code in the kernel can read: each is a well-formed
     message that the watchdog handles, or dropped; never an error (the watchdog's thread would end,
     and with it the host's deadlines)."""
-    import zmq
     from jupyter_client.session import Session
 
     from ivralo_kernel.host.watch.kernel_channels import message_of
@@ -975,10 +974,8 @@ def test_any_message_on_the_kernels_iopub_is_handled_or_dropped(watchdog, parts,
         if deep:
             frames[3] = b"[" * 5000 + b"]" * 5000
         signature = session.sign(frames) if signed else b"0" * 64
-        channels = watchdog.channels  # as its IOPub drain reads them: zmq frames, only the types it acts on
-        msg = message_of(
-            channels.session, [zmq.Frame(f) for f in (b"<IDS|MSG>", signature, *frames)], channels.iopub_types
-        )
+        channels = watchdog.channels  # as its IOPub drain reads them: bytes, only the types it acts on
+        msg = message_of(channels.session, [b"<IDS|MSG>", signature, *frames], channels.iopub_types)
         if msg is None:
             continue
         assert isinstance(msg["content"], dict) and isinstance(msg["header"]["msg_type"], str)

@@ -8,6 +8,8 @@
   reports a subscription, and a plain XPUB reports only the first subscriber of a topic: the host's
   watchdog subscribes first, and a client would never get its welcome (nor the watchdog, when a
   client was first: the watchdog needs its welcome to know it is heard).
+* The host's watchdog's subscriptions to its own topics (after its welcome for everything) get no
+  welcome: each would reach every client subscribed to everything (protocol/iopub_topics.py).
 * Its log lines carry ipykernel's prefix (``[IPKernelApp] WARNING | ...``): clients recognise
   ipykernel's known start-up lines by it (nbclient passes over the unencrypted-TCP warning).
 """
@@ -21,6 +23,8 @@ from ipykernel.kernelapp import IPKernelApp
 from traitlets import default
 
 from ivralo_kernel import compat
+from ivralo_kernel.kernel.broker_client import BROKER
+from ivralo_kernel.protocol.iopub_topics import watchdog_topics
 
 HISTORY_IN_MEMORY = "--HistoryManager.hist_file=:memory:"
 _HISTORY_FLAG = "--HistoryManager.hist_file"
@@ -57,3 +61,12 @@ class IvraloKernelApp(compat.KernelAppOverrides, IPKernelApp):  # type: ignore[m
         # subscriber can connect.
         if socket.type == zmq.XPUB:
             socket.setsockopt(zmq.XPUB_VERBOSE, 1)
+
+    def init_iopub(self, context: Any) -> None:
+        super().init_iopub(context)
+        session = self.session
+
+        def the_watchdogs(subscription: str) -> bool:
+            return subscription.encode() in watchdog_topics(session.key, BROKER.comm_id)
+
+        compat.quiet_welcomes(self.iopub_thread, the_watchdogs)

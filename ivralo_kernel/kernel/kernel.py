@@ -22,7 +22,7 @@ import time
 from typing import Any
 
 from ipykernel.ipkernel import IPythonKernel
-from traitlets import Type
+from traitlets import Type, default
 
 import ivralo_kernel.guards as guards_package
 import ivralo_kernel.kernel.api as api  # the submodules, not this package's namespace (which loads this module)
@@ -43,6 +43,7 @@ from ivralo_kernel.kernel.pip_magic import guarded_pip
 from ivralo_kernel.kernel.shell_pip import shell_pip_check
 from ivralo_kernel.protocol import names
 from ivralo_kernel.protocol.errors import SecurityError
+from ivralo_kernel.protocol.iopub_topics import kernel_ident
 from ivralo_kernel.protocol.messages import BrokerRequest, CallRecord, Effects
 
 # Which Python this is and why the host chose it (read before any cell could change the variable).
@@ -79,6 +80,12 @@ class IvraloKernel(compat.KernelOverrides, IPythonKernel):
     msg_types = [*IPythonKernel.msg_types, names.MSG_DATA_CHUNK]  # noqa: RUF012 - ipykernel API
     # debugpy is imported at the first debug_request, not at every start (50 ms of CPU).
     debugger_class = Type(compat.defer_debugger_import(own_ports.debugger_built))
+
+    @default("ident")
+    def _default_ident(self) -> str:
+        """The ``<ident>`` of this kernel's IOPub topics, from the connection's key: the host's watchdog
+        subscribes to ``kernel.<ident>.status`` alone (protocol/iopub_topics.py)."""
+        return kernel_ident(self.session.key if self.session is not None else b"")
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)

@@ -16,7 +16,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, cast
 
 import zmq
 from jupyter_client.session import Session as JupyterSession
@@ -42,7 +42,7 @@ def message_of(
     as it checks it, and the four parts are parsed as JSON, their dates left as the text they came in.
     """
     try:
-        _, parts = session.feed_identities(frames, copy=False)
+        _, parts = session.feed_identities(frames, copy=not (frames and isinstance(frames[0], zmq.Frame)))
         if len(parts) < 5:
             return None
         signature, header_raw, parent_raw, metadata_raw, content_raw = (_bytes(p) for p in parts[:5])
@@ -83,13 +83,20 @@ def _well_formed(msg: dict[str, Any]) -> bool:
 
 
 class KernelChannels:
-    def __init__(self, connection_info: dict[str, Any], iopub_types: frozenset[str] | None = None) -> None:
+    def __init__(
+        self,
+        connection_info: dict[str, Any],
+        iopub_types: frozenset[str] | None = None,
+        iopub_topics: tuple[bytes, ...] = (b"",),
+    ) -> None:
         """``iopub_types``: the IOPub messages the handler is given (None: all). Others are dropped
-        after their header alone is read: a cell's 1 MB of output is neither verified nor parsed here,
-        where nothing reads it (the kernel holds the key anyway: a signature proves nothing of it)."""
+        after their header alone is read (the kernel holds the key anyway: a signature proves nothing
+        of it). ``iopub_topics``: the prefixes subscribed to (everything, by default); libzmq drops the
+        rest before they reach this process (protocol/iopub_topics.py)."""
         key = connection_info["key"]
         self._info = connection_info
         self.iopub_types = iopub_types
+        self.iopub_topics = iopub_topics
         self.iopub_seen = False  # any IOPub message arrived: our subscription is in place
         self.session = JupyterSession(
             key=key.encode() if isinstance(key, str) else key,
@@ -113,7 +120,8 @@ class KernelChannels:
         # every 10 ms, not libzmq's 100, so that a new kernel's first request is not held for it.
         context.setsockopt(zmq.RECONNECT_IVL, RECONNECT_IVL_MS)
         self.iopub = context.socket(zmq.SUB)
-        # Everything, as a client does: a welcome for another topic would reach the clients too.
+        # Everything first, as a client does: its iopub_welcome is the proof that we are heard, and
+        # looks like each client's own. Narrowed to ``iopub_topics`` once it came (``_narrow``).
         self.iopub.setsockopt(zmq.SUBSCRIBE, b"")
         self.iopub.connect(channel_url(self._info, "iopub"))
         self.control = context.socket(zmq.DEALER)
@@ -195,16 +203,31 @@ class KernelChannels:
         return True
 
     def _drain(self, socket: zmq.Socket[Any], handle: OnReply, types: frozenset[str] | None = None) -> None:
-        while True:
+        # Bytes, not zmq.Frame objects: under the watchdog's topics, messages are small. EVENTS says
+        # when the queue is empty, cheaper than the exception of one more recv.
+        while cast(int, socket.get(zmq.EVENTS)) & zmq.POLLIN:
             try:
-                frames = socket.recv_multipart(zmq.NOBLOCK, copy=False)
+                frames = socket.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            if socket is self.iopub:
+            if socket is self.iopub and not self.iopub_seen:
                 self.iopub_seen = True
+                self._narrow()
             msg = message_of(self.session, frames, types)
             if msg is not None:
                 handle(msg)
+
+    def _narrow(self) -> None:
+        """From everything to ``iopub_topics``: the new prefixes first, then everything dropped, on
+        the same connection and in that order, so that no message under them falls in between. The
+        kernel welcomes none of them (kernel/app.py): a client subscribed to everything would get
+        those welcomes too."""
+        assert self.iopub is not None
+        if self.iopub_topics == (b"",):
+            return
+        for topic in self.iopub_topics:
+            self.iopub.setsockopt(zmq.SUBSCRIBE, topic)
+        self.iopub.setsockopt(zmq.UNSUBSCRIBE, b"")
 
     # -- any thread -------------------------------------------------------------------------
     def send_control(self, msg_type: str, content: Mapping[str, Any], on_reply: OnReply | None = None) -> None:

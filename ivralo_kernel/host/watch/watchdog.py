@@ -38,6 +38,7 @@ from ivralo_kernel.host.watch.memory import MemoryWatch
 from ivralo_kernel.host.watch.observer import Observer
 from ivralo_kernel.host.watch.outcome import Outcome, Outcomes
 from ivralo_kernel.protocol import names
+from ivralo_kernel.protocol.iopub_topics import watchdog_topics
 
 if TYPE_CHECKING:  # the broker (sqlalchemy, httpx) is loaded by the host that has one, not by a raw launch
     from ivralo_kernel.host.broker.responder import BrokerResponder
@@ -108,8 +109,6 @@ class Watchdog:
         self._turn = turn
         self._started = clock()
         self._on_idle = on_idle  # an execution ended (the history recorder's cue)
-        # The watchdog acts on executions' status and the broker's comm messages alone.
-        self.channels = KernelChannels(connection_info, iopub_types=frozenset({"status", "comm_msg"}))
         self.observer = Observer(root_pid, settings.stall_window_ms, clock, exchange_dir=settings.exchange_dir)
         self.running: OrderedDict[str, dict[str, Any]] = OrderedDict()  # msg_id -> request header
         self._requesters: dict[str, tuple[bytes, ...]] = {}
@@ -134,6 +133,12 @@ class Watchdog:
         # The cgroup outlives a replaced kernel: only OOM kills from this kernel's start on are its own.
         self._oom_kills_before = settings.memory_cgroup.oom_kills() if settings.memory_cgroup is not None else 0
         self.broker = BrokerLink(broker, comm_id, clock) if broker is not None else None
+        # The watchdog acts on executions' status and the broker's comm messages alone: libzmq sends
+        # it only those topics, and of what comes under them, only those types reach the handlers.
+        key = connection_info["key"]
+        comm_id = self.broker.comm_id if self.broker is not None else None
+        topics = watchdog_topics(key.encode() if isinstance(key, str) else key, comm_id)
+        self.channels = KernelChannels(connection_info, frozenset({"status", "comm_msg"}), topics)
         self.loss: Loss | None = None
         self.outcomes = Outcomes(held=self._held)
         self._stop = threading.Event()
