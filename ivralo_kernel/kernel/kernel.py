@@ -43,7 +43,7 @@ from ivralo_kernel.kernel.pip_magic import guarded_pip
 from ivralo_kernel.kernel.shell_pip import shell_pip_check
 from ivralo_kernel.protocol import names
 from ivralo_kernel.protocol.errors import SecurityError
-from ivralo_kernel.protocol.iopub_topics import kernel_ident
+from ivralo_kernel.protocol.iopub_topics import comm_topic, kernel_ident
 from ivralo_kernel.protocol.messages import BrokerRequest, CallRecord, Effects
 
 # Which Python this is and why the host chose it (read before any cell could change the variable).
@@ -342,7 +342,7 @@ class IvraloKernel(compat.KernelOverrides, IPythonKernel):
             "comm_msg",
             {"comm_id": comm_id, "data": data},
             parent=self.get_parent(),
-            ident=f"comm-{comm_id}".encode(),
+            ident=comm_topic(comm_id),
         )
 
     async def ivralo_data_chunk(self, stream: Any, ident: Any, parent: dict[str, Any]) -> None:

@@ -31,9 +31,14 @@ def kernel_ident(key: bytes) -> str:
     return str(uuid.UUID(bytes=hashlib.sha256(b"ivralo iopub ident\0" + key).digest()[:16]))
 
 
+def comm_topic(comm_id: str) -> bytes:
+    """The topic ipykernel's comms publish under (``comm-<comm_id>``), and so the broker's."""
+    return f"comm-{comm_id}".encode()
+
+
 def watchdog_topics(key: bytes, broker_comm_id: str | None) -> tuple[bytes, ...]:
     """The prefixes the watchdog subscribes to: the status topic, and the broker's comm if any."""
     topics = [f"kernel.{kernel_ident(key)}.status".encode()]
     if broker_comm_id:
-        topics.append(f"comm-{broker_comm_id}".encode())
+        topics.append(comm_topic(broker_comm_id))
     return tuple(topics)

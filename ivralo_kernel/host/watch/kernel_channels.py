@@ -28,7 +28,7 @@ OnReply = Callable[[dict[str, Any]], None]
 
 
 def message_of(
-    session: JupyterSession, frames: list[Any], types: frozenset[str] | None = None
+    session: JupyterSession, frames: list[bytes], types: frozenset[str] | None = None
 ) -> dict[str, Any] | None:
     """The message the frames hold, or None: unsigned, too short, not of ``types``, or not the shape
     of a Jupyter message. Code in the kernel can publish anything on IOPub, signed too (it holds the
@@ -42,10 +42,11 @@ def message_of(
     as it checks it, and the four parts are parsed as JSON, their dates left as the text they came in.
     """
     try:
-        _, parts = session.feed_identities(frames, copy=not (frames and isinstance(frames[0], zmq.Frame)))
+        _, found = session.feed_identities(frames, copy=True)
+        parts = cast("list[bytes]", found)  # copy=True: the frames as they came, bytes
         if len(parts) < 5:
             return None
-        signature, header_raw, parent_raw, metadata_raw, content_raw = (_bytes(p) for p in parts[:5])
+        signature, header_raw, parent_raw, metadata_raw, content_raw = parts[:5]
         header = json.loads(header_raw)
         if types is not None and header.get("msg_type") not in types:
             return None
@@ -60,15 +61,11 @@ def message_of(
             "parent_header": json.loads(parent_raw),
             "metadata": json.loads(metadata_raw),
             "content": json.loads(content_raw),
-            "buffers": [_bytes(p) for p in parts[5:]],
+            "buffers": parts[5:],
         }
     except (ValueError, KeyError, IndexError, AttributeError, TypeError, RecursionError):
         return None
     return msg if _well_formed(msg) else None
-
-
-def _bytes(part: Any) -> bytes:
-    return part.bytes if isinstance(part, zmq.Frame) else bytes(part)
 
 
 def _well_formed(msg: dict[str, Any]) -> bool:
@@ -179,7 +176,7 @@ class KernelChannels:
         assert self.control is not None
         while (left := until - time.monotonic()) > 0 and self.control.poll(max(1, int(left * 1000))):
             try:
-                frames = self.control.recv_multipart(zmq.NOBLOCK, copy=False)
+                frames = self.control.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 continue
             reply = message_of(self.session, frames)
@@ -203,8 +200,9 @@ class KernelChannels:
         return True
 
     def _drain(self, socket: zmq.Socket[Any], handle: OnReply, types: frozenset[str] | None = None) -> None:
-        # Bytes, not zmq.Frame objects: under the watchdog's topics, messages are small. EVENTS says
-        # when the queue is empty, cheaper than the exception of one more recv.
+        # Bytes, not zmq.Frame objects (message_of reads bytes): under the watchdog's topics and on
+        # control, messages are small. EVENTS says when the queue is empty, cheaper than the
+        # exception of one more recv.
         while cast(int, socket.get(zmq.EVENTS)) & zmq.POLLIN:
             try:
                 frames = socket.recv_multipart(zmq.NOBLOCK)
