@@ -7,8 +7,9 @@ sandbox's relay and the host's egress proxy; marks from the cell (``c_*``: urlli
 response) and from the host's proxy (``h_*``: accepted, head read, decided, connected upstream,
 splice), and the host's calls timed alone (``*_us``: the allow list, the runtime folder's ports).
 ``--broker``: ``ivralo.call`` of a loopback API (the broker bench's endpoint, no sandbox); marks
-from the kernel (``k_*``: publish on IOPub, the answer delivered on control) and from the host
-(``h_*``: the watchdog's receipt, the call's thread, the HTTP call, the answer sent).
+from the kernel (``k_*``: the request written on the broker's socket, the answer delivered by its
+reader thread) and from the host (``h_*``: the watchdog's receipt, the call's thread, the HTTP call,
+the answer sent).
 ``--sql``: ``ivralo.sql`` of the broker bench's 100,000 rows x 5 columns, as dicts and with
 ``dataframe=True`` (``--rows`` to change); marks from the kernel (``k_*``: publish, answer delivered,
 the Arrow segment read, the dicts or the DataFrame built) and from the host (``h_*``: receipt, the
@@ -146,15 +147,15 @@ import json, time, ivralo
 from ivralo_kernel.kernel.broker_client import BROKER
 T = time.monotonic_ns
 _k = []
-_publish, _deliver = BROKER.publish, BROKER.deliver
-def _pub(comm_id, request):
-    _k[-1].update(rid=request["req_id"], k_publish=T()); _publish(comm_id, request); _k[-1]["k_published"] = T()
+_send, _deliver = BROKER._send, BROKER.deliver
+def _pub(sock, request):
+    _k[-1].update(rid=request["req_id"], k_publish=T()); _send(sock, request); _k[-1]["k_published"] = T()
 def _del(content):
     _k[-1]["k_delivered"] = T(); _deliver(content)
-BROKER.publish, BROKER.deliver = _pub, _del
+BROKER._send, BROKER.deliver = _pub, _del
 for i in range({n}):
     _k.append({{"k_start": T()}}); ivralo.call("bench.echo", n=i); _k[-1]["k_done"] = T()
-BROKER.publish, BROKER.deliver = _publish, _deliver
+BROKER._send, BROKER.deliver = _send, _deliver
 print(json.dumps(_k))
 """
 
@@ -165,17 +166,17 @@ def broker(n: int) -> list[dict[str, float]]:
     from startup_latency import isolate_jupyter
 
     from ivralo_kernel.host.broker import responder
-    from ivralo_kernel.host.watch import broker_link, kernel_channels
+    from ivralo_kernel.host.watch import broker_link, broker_socket
 
     marks: dict[str, Marks] = {}
     current: list[str] = []
 
     def received(args: tuple[Any, ...]) -> None:
-        rid = str(((args[1].get("content") or {}).get("data") or {}).get("req_id"))
+        rid = str(args[1].get("req_id"))
         current[:] = [rid]
         marks.setdefault(rid, []).append(("h_received", T()))
 
-    wrap(broker_link.BrokerLink, "on_request", received, lambda _a: None)
+    wrap(broker_link.BrokerLink, "_answer", received, lambda _a: None)
     original_run = responder.BrokerResponder._run
 
     def run(self: Any, job: Any, what: str, credential: str, reply: Any, rid: list[str] = current) -> None:
@@ -193,10 +194,9 @@ def broker(n: int) -> list[dict[str, float]]:
     responder.BrokerResponder._run = run  # type: ignore[method-assign]
 
     def sent(args: tuple[Any, ...]) -> None:
-        if args[1] == "ivralo_broker_reply":
-            marks.setdefault(str(args[2].get("req_id")), []).append(("h_answer_sent", T()))
+        marks.setdefault(str(args[1].get("req_id")), []).append(("h_answer_sent", T()))
 
-    wrap(kernel_channels.KernelChannels, "send", sent, lambda _a: None)
+    wrap(broker_socket.BrokerSocket, "send", sent, lambda _a: None)
     root = Path(tempfile.mkdtemp(prefix="ivralo-breakdown-"))
     isolate_jupyter(root)
     bench.without_sandbox()
@@ -225,19 +225,19 @@ from ivralo_kernel.kernel import broker_rows
 from ivralo_kernel.kernel.broker_client import BROKER
 T = time.monotonic_ns
 _k = []
-_publish, _deliver, _read = BROKER.publish, BROKER.deliver, broker_rows.read_table
-def _pub(comm_id, request):
-    _k[-1].update(rid=request["req_id"], k_publish=T()); _publish(comm_id, request); _k[-1]["k_published"] = T()
+_send, _deliver, _read = BROKER._send, BROKER.deliver, broker_rows.read_table
+def _pub(sock, request):
+    _k[-1].update(rid=request["req_id"], k_publish=T()); _send(sock, request); _k[-1]["k_published"] = T()
 def _del(content):
     _k[-1]["k_delivered"] = T(); _deliver(content)
 def _rd(arrow):
     _k[-1]["k_read_start"] = T(); table = _read(arrow); _k[-1]["k_read"] = T(); return table
-BROKER.publish, BROKER.deliver, broker_rows.read_table = _pub, _del, _rd
+BROKER._send, BROKER.deliver, broker_rows.read_table = _pub, _del, _rd
 for i in range({n}):
     _k.append({{"k_start": T(), "frame": i % 2}})
     ivralo.sql("bench", "select * from items", dataframe=bool(i % 2))
     _k[-1]["k_done"] = T()
-BROKER.publish, BROKER.deliver, broker_rows.read_table = _publish, _deliver, _read
+BROKER._send, BROKER.deliver, broker_rows.read_table = _send, _deliver, _read
 print(json.dumps(_k))
 """
 
@@ -253,7 +253,7 @@ def sql(
     from startup_latency import isolate_jupyter
 
     from ivralo_kernel.host.broker import arrow_rows, databases, responder, result_segments
-    from ivralo_kernel.host.watch import broker_link, kernel_channels
+    from ivralo_kernel.host.watch import broker_link, broker_socket
 
     if arrow_min_rows is not None:
         databases.ARROW_MIN_ROWS, databases.ARROW_MIN_BYTES = arrow_min_rows, 0 if arrow_min_rows == 0 else 1 << 40
@@ -261,14 +261,14 @@ def sql(
     current: list[str] = []
 
     def received(args: tuple[Any, ...]) -> None:
-        rid = str(((args[1].get("content") or {}).get("data") or {}).get("req_id"))
+        rid = str(args[1].get("req_id"))
         current[:] = [rid]
         marks.setdefault(rid, []).append(("h_received", T()))
 
     def mark(label: str) -> Callable[[Any], None]:
         return lambda _args: marks[current[0]].append((label, T())) if current else None
 
-    wrap(broker_link.BrokerLink, "on_request", received, lambda _a: None)
+    wrap(broker_link.BrokerLink, "_answer", received, lambda _a: None)
     wrap(responder.BrokerResponder, "_run", mark("h_call_thread"), lambda _a: None)
     wrap(databases.Databases, "_run", mark("h_query_start"), mark("h_query_done"))
     wrap(result_segments.ResultSegments, "write", None, mark("h_segment_written"))
@@ -284,10 +284,9 @@ def sql(
         wrap(owner, name, lambda _a, s=started: s.append(T()), add_time)
 
     def sent(args: tuple[Any, ...]) -> None:
-        if args[1] == "ivralo_broker_reply":
-            marks.setdefault(str(args[2].get("req_id")), []).append(("h_answer_sent", T()))
+        marks.setdefault(str(args[1].get("req_id")), []).append(("h_answer_sent", T()))
 
-    wrap(kernel_channels.KernelChannels, "send", sent, lambda _a: None)
+    wrap(broker_socket.BrokerSocket, "send", sent, lambda _a: None)
     root = Path(tempfile.mkdtemp(prefix="ivralo-breakdown-"))
     isolate_jupyter(root)
     bench.without_sandbox()

@@ -1,5 +1,5 @@
 """The watchdog's IOPub subscription (``protocol/iopub_topics.py``): narrowed to the kernel's status
-topic and the broker's comm after its welcome, a socket gets each execution's busy and idle and none
+topic after its welcome, a socket gets each execution's busy and idle and none
 of its input, result or output, nor a welcome for those topics, through the sandbox's relay, from a
 real kernel. If ipykernel stops using
 ``Kernel.ident`` in its topics, or the kernel's ident stops following the key, the busy and idle
@@ -32,7 +32,7 @@ def test_the_watchdogs_topics_carry_status_and_nothing_of_the_output(
             assert sub.poll(max(1, int((deadline - time.monotonic()) * 1000))), "no iopub_welcome in 30 s"
             _, parts = session.feed_identities(sub.recv_multipart())
             welcomed = session.deserialize(parts)["msg_type"] == "iopub_welcome"
-        for topic in watchdog_topics(km.session.key, None):  # then narrowed, in this order (status alone)
+        for topic in watchdog_topics(km.session.key):  # then narrowed, in this order (status alone)
             sub.setsockopt(zmq.SUBSCRIBE, topic)
         sub.setsockopt(zmq.UNSUBSCRIBE, b"")
         reply = kc.execute_interactive("print('x' * 100_000); 1 + 1", timeout=30, output_hook=lambda msg: None)

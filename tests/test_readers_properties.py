@@ -903,6 +903,7 @@ def test_the_brokers_counts_of_executions_stay_bounded(responder) -> None:
 def watchdog(responder):
     """A host's watchdog of no kernel, never started: its handler of the kernel's IOPub messages is
     driven directly (the broker behind it is the responder above)."""
+    from ivralo_kernel.host.watch.broker_socket import BrokerSocket
     from ivralo_kernel.host.watch.watchdog import Watchdog, WatchdogSettings
 
     dog = Watchdog(
@@ -912,9 +913,12 @@ def watchdog(responder):
         lambda: None,
         broker=responder,
         comm_id="broker-comm",
+        broker_socket=BrokerSocket(),
     )
     yield dog
     dog.channels.close()
+    assert dog.broker is not None
+    dog.broker.socket.close()
 
 
 _ids = _mostly(st.sampled_from(["m", "e1", ""]))
@@ -982,3 +986,122 @@ def test_any_message_on_the_kernels_iopub_is_handled_or_dropped(watchdog, parts,
         event(f"handled: {msg['header']['msg_type']}")
         watchdog._on_iopub(msg)
     assert len(watchdog.running) <= 1000
+
+
+_frames = st.one_of(
+    st.fixed_dictionaries(
+        {
+            "req_id": _mostly(st.just("r")),
+            "kind": _kinds,
+            "payload": _small,
+            "parent": _mostly(st.sampled_from(["h1", "e1"])),
+        }
+    ),
+    _small,
+)
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(
+    frames=st.lists(_frames, max_size=4),
+    junk=_mostly(st.just(b""), st.binary(max_size=12)),
+    cuts=st.lists(st.integers(1, 64), max_size=4),
+)
+def test_any_bytes_on_the_broker_socket_are_answered_or_dropped(watchdog, frames, junk, cuts) -> None:
+    """What code in the kernel writes on its end of the broker's socket (requests naming any
+    execution, anything else, bytes that are no frame, in any pieces): each request is answered, now
+    or once its hold ends, or dropped; never an error on the watchdog's thread, and nothing is held
+    past the hold."""
+    from ivralo_kernel.host.watch.broker_socket import BrokerSocket
+    from ivralo_kernel.protocol import broker_frames
+
+    assert watchdog.broker is not None
+    original = watchdog.broker.socket
+    sock = watchdog.broker.socket = BrokerSocket()
+    kernel_end = sock._kernel
+    assert kernel_end is not None
+    try:
+        data = b"".join(broker_frames.encode(frame) for frame in frames) + junk
+        at = 0
+        for size in [*cuts, len(data)]:
+            kernel_end.sendall(data[at : at + size])
+            at += size
+            watchdog._on_broker_socket()
+        watchdog.broker.expire(float("inf"), watchdog._running_execution, watchdog._pause_deadline)
+        assert watchdog.broker.wakeup() is None
+        kernel_end.setblocking(False)
+        answers = broker_frames.FrameReader(broker_frames.MAX_ANSWER_BYTES)
+        with contextlib.suppress(BlockingIOError):
+            while chunk := kernel_end.recv(1 << 16):
+                for answer in answers.feed(chunk):
+                    assert isinstance(answer, dict) and isinstance(answer["answer"], dict)
+                    event("answered")
+    finally:
+        sock.close()
+        watchdog.broker.socket = original
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(
+    frames=st.lists(st.one_of(_small, st.integers(5000, 9000).map(lambda n: "x" * n)), max_size=6),
+    junk=st.lists(st.binary(max_size=8), max_size=3),
+    cuts=st.lists(st.integers(1, 6000), max_size=6),
+)
+def test_any_broker_frames_in_any_chunks_are_read_whole_or_skipped(frames, junk, cuts) -> None:
+    """However the bytes are split into reads, the same frames come out; one over the reader's limit
+    is skipped whole (None) and the frames after it are read as they were; bytes that are no JSON
+    are None, never a guess; the reader never holds more than one frame's limit."""
+    from ivralo_kernel.protocol import broker_frames
+
+    limit = 4096
+    pieces = [broker_frames.encode(frame) for frame in frames]
+    pieces += [broker_frames.HEADER.pack(len(raw)) + raw for raw in junk]
+    expected: list[object] = [frame if len(json.dumps(frame).encode()) <= limit else None for frame in frames]
+    expected += [_json_or_none(raw) for raw in junk]
+    data = b"".join(pieces)
+    reader, found, at = broker_frames.FrameReader(limit), [], 0
+    for size in [*cuts, len(data)]:
+        found += reader.feed(data[at : at + size])
+        at += size
+        assert len(reader._buffer) <= limit + broker_frames.HEADER.size + max(cuts, default=0) + 6000
+    assert found == expected
+
+
+def _json_or_none(raw: bytes) -> object:
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError):
+        return None
+
+
+def test_a_request_that_overtakes_its_executions_busy_waits_for_it(watchdog) -> None:
+    """A request comes on the broker's socket, its execution's "busy" on IOPub: the two can arrive in
+    either order. One that came first is held, then answered as from that execution once the busy
+    is seen (not refused as from no running execution)."""
+    from ivralo_kernel.host.watch.broker_socket import BrokerSocket
+    from ivralo_kernel.protocol import broker_frames
+
+    assert watchdog.broker is not None
+    original = watchdog.broker.socket
+    sock = watchdog.broker.socket = BrokerSocket()
+    kernel_end = sock._kernel
+    assert kernel_end is not None
+    kernel_end.settimeout(5)
+    try:
+        request = {"req_id": "early", "kind": "catalog", "payload": {}, "parent": "overtaken"}
+        kernel_end.sendall(broker_frames.encode(request))
+        watchdog._on_broker_socket()
+        assert watchdog.broker.wakeup() is not None  # held: nothing answered yet
+        status = {"header": {"msg_id": "s1", "msg_type": "status"}, "content": {"execution_state": "busy"}}
+        watchdog._on_iopub({**status, "parent_header": {"msg_id": "overtaken", "msg_type": "execute_request"}})
+        answers = broker_frames.FrameReader(broker_frames.MAX_ANSWER_BYTES)
+        found: list[object] = []
+        while not found:
+            found = answers.feed(kernel_end.recv(1 << 16))
+        assert found[0]["req_id"] == "early" and found[0]["answer"]["ok"] is True, found
+        assert watchdog.broker.wakeup() is None
+        idle = {**status, "content": {"execution_state": "idle"}}
+        watchdog._on_iopub({**idle, "parent_header": {"msg_id": "overtaken", "msg_type": "execute_request"}})
+    finally:
+        sock.close()
+        watchdog.broker.socket = original

@@ -23,7 +23,6 @@ from ipykernel.kernelapp import IPKernelApp
 from traitlets import default
 
 from ivralo_kernel import compat
-from ivralo_kernel.kernel.broker_client import BROKER
 from ivralo_kernel.protocol.iopub_topics import watchdog_topics
 
 HISTORY_IN_MEMORY = "--HistoryManager.hist_file=:memory:"
@@ -67,6 +66,6 @@ class IvraloKernelApp(compat.KernelAppOverrides, IPKernelApp):  # type: ignore[m
         session = self.session
 
         def the_watchdogs(subscription: str) -> bool:
-            return subscription.encode() in watchdog_topics(session.key, BROKER.comm_id)
+            return subscription.encode() in watchdog_topics(session.key)
 
         compat.quiet_welcomes(self.iopub_thread, the_watchdogs)

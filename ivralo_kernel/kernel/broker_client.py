@@ -1,23 +1,26 @@
 """[kernel] Ask the host something from inside a running cell, and wait for its answer.
 
-Requests go out as ``comm_msg`` on IOPub, on the broker comm whose id the host chose at launch
-(``IVRALO_BROKER_COMM``); answers come back as the ``ivralo_broker_reply`` control message, which the
-Control thread serves while a synchronous cell blocks (a reply on shell would wait until the cell
-ends: a deadlock). The wait is an ``Event.wait``, which an interrupt ends at once.
+Requests and answers travel on the broker's socket: the kernel's end of a socketpair the host made
+at launch (``IVRALO_BROKER_FD``; protocol/broker_frames.py), whose other end only the host holds.
+A reader thread delivers each answer to the request waiting for it; the wait is an
+``Event.wait``, which an interrupt ends at once. Nothing of it passes through Jupyter's channels, so
+no client holding the connection key (nor code here, which holds it too) can answer in the host's name.
 
 No request leaves before the host's ``ivralo_broker_hello`` has arrived on control: the host sends it
-once its IOPub subscription is live, so a request can neither fall into the gap before a slow
-subscriber joins nor wait for an answer on a control connection that is not up yet. A request made
-earlier waits for the hello (bounded).
+once its IOPub subscription is live, and it binds each request to an execution it saw start there.
+A request made earlier waits for the hello (bounded).
 """
 
 from __future__ import annotations
 
+import os
+import socket
 import threading
 import uuid
 from collections.abc import Callable, Mapping
 from typing import Any, cast
 
+from ivralo_kernel.protocol import broker_frames
 from ivralo_kernel.protocol.messages import BrokerAnswer, BrokerRequest, CallRecord
 
 
@@ -30,15 +33,21 @@ NO_HOST = (
     "other raw launches run kernel.json's command directly). Run it under an ivralo host: JupyterLab, "
     "jupyter console or any jupyter_client host with the ivralo kernelspec, or ivralo_kernel.host.Session"
 )
-CONTROL_THREAD = "Control"  # ipykernel's control-channel thread, which delivers the host's answers
+HOST_GONE = "the ivralo host that started this kernel closed its broker socket (it exited); restart the kernel"
+CONTROL_THREAD = "Control"  # ipykernel's control-channel thread, which delivers the host's hello
 HOST_CONNECT_TIMEOUT_S = 30.0  # how long a request waits for the host's hello before giving up
+READ_CHUNK = 1 << 20
 
 
 class BrokerClient:
     def __init__(self) -> None:
         self.comm_id: str | None = None  # set at launch when a host started this kernel
-        # Sends one comm_msg on IOPub (set by the kernel once it is built).
-        self.publish: Callable[[str, BrokerRequest], None] | None = None
+        self._socket: socket.socket | None = None  # our end of the broker's socketpair (``take_socket``)
+        self._send_lock = threading.Lock()
+        self._reader: threading.Thread | None = None
+        self._gone = False  # the host closed its end
+        # The msg_id of the request running now (set by the kernel once it is built).
+        self.parent_of: Callable[[], str | None] | None = None
         self.host_ready = threading.Event()
         # Called around a wait: the deadline backstop stops counting while the host (or a person) answers.
         self.on_wait: tuple[Callable[[], None], Callable[[], None]] | None = None
@@ -53,7 +62,53 @@ class BrokerClient:
 
     @property
     def attached(self) -> bool:
-        return self.comm_id is not None and self.publish is not None
+        return self.comm_id is not None and self._socket is not None and self.parent_of is not None
+
+    def take_socket(self, fd_text: str) -> None:
+        """(at launch) Our end of the broker's socketpair, under a descriptor of our own that no
+        process this kernel starts inherits (a child holding it would keep it open after we exit)."""
+        try:
+            given = int(fd_text)
+            fd = os.dup(given)  # not inheritable
+            os.close(given)
+            self._socket = socket.socket(fileno=fd)
+        except (ValueError, OSError):
+            self._socket = None
+
+    def _start_reader(self, sock: socket.socket) -> None:
+        with self._lock:
+            if self._reader is None:
+                self._reader = threading.Thread(target=self._read, args=(sock,), name="ivralo-broker", daemon=True)
+                self._reader.start()
+
+    def _read(self, sock: socket.socket) -> None:
+        """(the reader thread) Each answer to the request that waits for it, until the host's end closes."""
+        frames = broker_frames.FrameReader(broker_frames.MAX_ANSWER_BYTES)
+        while True:
+            try:
+                chunk = sock.recv(READ_CHUNK)
+            except InterruptedError:
+                continue
+            except OSError:
+                chunk = b""
+            if not chunk:
+                break
+            for frame in frames.feed(chunk):
+                if isinstance(frame, dict):
+                    self.deliver(frame)
+        with self._lock:
+            self._gone = True
+            waiting = list(self._pending.values())
+        for event, box in waiting:  # nobody will answer them: they end now, not at their timeout
+            box.append(BrokerAnswer(ok=False, allowed=False, error=HOST_GONE, reason=HOST_GONE))
+            event.set()
+
+    def _send(self, sock: socket.socket, request: BrokerRequest) -> None:
+        from jupyter_client.session import json_packer  # here, not at import: the guards load this module first
+
+        frame = broker_frames.encode(request, json_packer)
+        with self._send_lock:
+            sock.sendall(frame)
 
     def hello(self, comm_id: object) -> bool:
         """(Control thread) The host hears this kernel's IOPub and reaches its control channel."""
@@ -87,22 +142,31 @@ class BrokerClient:
     ) -> BrokerAnswer:
         """Send a request and wait for its answer. ``pause_deadline``: somebody may be asked, whose
         time does not count against the cell's deadline."""
-        publish = self.publish
-        if self.comm_id is None or publish is None:
+        sock, parent_of = self._socket, self.parent_of
+        if self.comm_id is None or sock is None or parent_of is None:
             raise BrokerUnavailable(NO_HOST)
         if threading.current_thread().name == CONTROL_THREAD:
             # The answer arrives on this very thread: waiting here would never end (the debugger
             # runs code while Control waits for it).
             raise BrokerUnavailable("a request from the kernel's Control thread cannot wait for the host's answer")
         self._wait_for_host()
+        self._start_reader(sock)
         req_id = uuid.uuid4().hex
         event = threading.Event()
         box: list[BrokerAnswer] = []
         with self._lock:
+            if self._gone:
+                raise BrokerUnavailable(HOST_GONE)
             self._pending[req_id] = (event, box)
         try:
             # Sent as given: the host checks every payload (code in the kernel can send anything).
-            publish(self.comm_id, BrokerRequest(req_id=req_id, kind=kind, payload=cast("dict[str, Any]", payload)))
+            request = BrokerRequest(
+                req_id=req_id, kind=kind, payload=cast("dict[str, Any]", payload), parent=parent_of()
+            )
+            try:
+                self._send(sock, request)
+            except OSError as exc:
+                raise BrokerUnavailable(f"{HOST_GONE} ({exc.strerror or exc})") from None
             pauses = self.on_wait if pause_deadline else None
             if pauses is not None:
                 pauses[0]()
@@ -118,7 +182,7 @@ class BrokerClient:
                 self._pending.pop(req_id, None)
 
     def deliver(self, content: Mapping[str, Any]) -> None:
-        """(Control thread) an answer arrived."""
+        """(the reader thread) An answer arrived: ``{"req_id", "answer"}``."""
         with self._lock:
             waiting = self._pending.get(str(content.get("req_id")))
         if waiting is not None:

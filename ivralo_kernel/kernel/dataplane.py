@@ -29,6 +29,7 @@ from typing import Any
 
 from ivralo_kernel.protocol import names
 from ivralo_kernel.protocol.errors import HermeticImportError
+from ivralo_kernel.protocol.iopub_topics import comm_topic
 from ivralo_kernel.protocol.tables import ARROW_EXTRA, release, table_from_pandas, unrepresentable
 
 REPR_LIMIT = 1000
@@ -263,7 +264,7 @@ def send(comm_id: str, chunk_bytes: int) -> str:
             "comm_msg",
             {"comm_id": comm_id, "data": {"offset": start}},
             parent=kernel.get_parent(),
-            ident=f"comm-{comm_id}".encode(),
+            ident=comm_topic(comm_id),
             buffers=[data[start : start + chunk_bytes]],
         )
     return json.dumps({"size": len(data), "chunks": len(starts)})

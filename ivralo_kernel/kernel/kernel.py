@@ -43,8 +43,8 @@ from ivralo_kernel.kernel.pip_magic import guarded_pip
 from ivralo_kernel.kernel.shell_pip import shell_pip_check
 from ivralo_kernel.protocol import names
 from ivralo_kernel.protocol.errors import SecurityError
-from ivralo_kernel.protocol.iopub_topics import comm_topic, kernel_ident
-from ivralo_kernel.protocol.messages import BrokerRequest, CallRecord, Effects
+from ivralo_kernel.protocol.iopub_topics import kernel_ident
+from ivralo_kernel.protocol.messages import CallRecord, Effects
 
 # Which Python this is and why the host chose it (read before any cell could change the variable).
 _INTERPRETER = {
@@ -103,7 +103,7 @@ class IvraloKernel(compat.KernelOverrides, IPythonKernel):
         compat.wrap_run_code(self.shell, self.interrupts.enter_code, self.interrupts.leave_code)
         self._replacement_gate = _ReplacementGate() if os.environ.pop(names.ENV_REPLACEMENT, "") else None
         self._host_gate = BROKER.comm_id is not None  # a host started us: wait for its hello first
-        BROKER.publish = self._publish_broker_request
+        BROKER.parent_of = self._running_request_id
         original_pip = self.shell.find_line_magic("pip")
         if original_pip is not None and STATE.workspace:
             workspace = STATE.workspace
@@ -315,9 +315,6 @@ class IvraloKernel(compat.KernelOverrides, IPythonKernel):
         reply = {"status": "ok" if ok else "error", "interrupted": interrupted}
         self._reply(stream, ident, parent, "ivralo_deadline_notice_reply", reply)
 
-    async def ivralo_broker_reply(self, stream: Any, ident: Any, parent: dict[str, Any]) -> None:
-        BROKER.deliver(parent.get("content", {}))
-
     async def ivralo_broker_hello(self, stream: Any, ident: Any, parent: dict[str, Any]) -> None:
         """The host hears our IOPub and reaches our control channel: broker requests may go now."""
         ok = BROKER.hello(parent.get("content", {}).get("comm_id"))
@@ -334,16 +331,10 @@ class IvraloKernel(compat.KernelOverrides, IPythonKernel):
             )
         self._reply(stream, ident, parent, "ivralo_egress_note_reply", {"status": "ok"})
 
-    def _publish_broker_request(self, comm_id: str, data: BrokerRequest) -> None:
-        """A ``comm_msg`` on IOPub, as ipykernel's comms send one, parented by the running request."""
-        assert self.session is not None
-        self.session.send(
-            self.iopub_socket,
-            "comm_msg",
-            {"comm_id": comm_id, "data": data},
-            parent=self.get_parent(),
-            ident=comm_topic(comm_id),
-        )
+    def _running_request_id(self) -> str | None:
+        """The msg_id a broker request is bound to: the request this thread's cell runs for."""
+        msg_id = (self.get_parent().get("header") or {}).get("msg_id")
+        return msg_id if isinstance(msg_id, str) else None
 
     async def ivralo_data_chunk(self, stream: Any, ident: Any, parent: dict[str, Any]) -> None:
         """A piece of a table the host sends behind a Kernel Gateway (no reply: the request that binds

@@ -386,6 +386,7 @@ def main() -> None:
     reporter = SupervisorPipe(os.environ)
     STATE.started_at = float(os.environ.pop(names.ENV_LAUNCHED_AT, "") or time.time())
     BROKER.comm_id = os.environ.pop(names.ENV_BROKER_COMM, "") or None  # a host started us and will answer
+    BROKER.take_socket(os.environ.pop(names.ENV_BROKER_FD, ""))  # on this socket
     sys.dont_write_bytecode = True  # step 2
     os.environ["PYTHONDONTWRITEBYTECODE"] = "1"
     reporter.reached_stage(names.STAGE_INTERPRETER_UP)

@@ -3,9 +3,9 @@
 ipykernel publishes each message under a topic (the first frame): ``kernel.<ident>.status``,
 ``kernel.<ident>.execute_input``, ``stream.stdout``, ``comm-<comm_id>``... and its XPUB sends a
 subscriber only what matches the subscriber's prefixes, in libzmq, before Python sees it. The
-watchdog acts on executions' ``status`` and the broker's ``comm_msg`` alone; subscribed to
-everything, it received and parsed every cell's input, result and output too (two of a ``1+1``
-cell's four messages, and each megabyte a cell prints).
+watchdog acts on executions' ``status`` alone (the broker's requests come on a socket of their own,
+protocol/broker_frames.py); subscribed to everything, it received and parsed every cell's input,
+result and output too (two of a ``1+1`` cell's four messages, and each megabyte a cell prints).
 
 ``<ident>`` is ipykernel's ``Kernel.ident``, a random uuid unless the kernel sets it: the ivralo
 kernel derives it from the connection's key, which the host holds too, so the watchdog knows the
@@ -32,13 +32,10 @@ def kernel_ident(key: bytes) -> str:
 
 
 def comm_topic(comm_id: str) -> bytes:
-    """The topic ipykernel's comms publish under (``comm-<comm_id>``), and so the broker's."""
+    """The topic ipykernel's comms publish under (``comm-<comm_id>``): the data plane's pieces too."""
     return f"comm-{comm_id}".encode()
 
 
-def watchdog_topics(key: bytes, broker_comm_id: str | None) -> tuple[bytes, ...]:
-    """The prefixes the watchdog subscribes to: the status topic, and the broker's comm if any."""
-    topics = [f"kernel.{kernel_ident(key)}.status".encode()]
-    if broker_comm_id:
-        topics.append(comm_topic(broker_comm_id))
-    return tuple(topics)
+def watchdog_topics(key: bytes) -> tuple[bytes, ...]:
+    """The prefixes the watchdog subscribes to: the kernel's status topic."""
+    return (f"kernel.{kernel_ident(key)}.status".encode(),)

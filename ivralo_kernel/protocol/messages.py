@@ -1,7 +1,7 @@
 """[protocol] Every message that crosses between the kernel and its host, typed.
 
-They travel as JSON in Jupyter messages: the kernel's requests as ``comm_msg`` on IOPub (on the broker
-comm), the host's answers and notices as custom control messages (``names.CONTROL_MSG_TYPES``). Both
+They travel as JSON: broker requests and answers on the broker's socket (protocol/broker_frames.py),
+the host's hello and notices as custom control messages (``names.CONTROL_MSG_TYPES``). Both
 sides build and read them through these types, so a renamed field fails ``mypy`` on both sides at
 once instead of a cell at run time. Values from the other side are still checked where they are read
 (``valid_target``, ``isinstance``): a kernel's code can send anything.
@@ -11,13 +11,16 @@ from __future__ import annotations
 
 from typing import Any, NotRequired, TypedDict
 
-# ---- the broker: kernel -> host (comm_msg on IOPub), host -> kernel (control) --------------------
+# ---- the broker: both ways on the broker's socket (protocol/broker_frames.py) -------------------
 
 
-class BrokerRequest(TypedDict):
+class BrokerRequest(TypedDict):  # kernel -> host
     req_id: str
     kind: str  # names.BROKER_EGRESS, BROKER_API, BROKER_SQL, BROKER_CATALOG
     payload: dict[str, Any]  # one of the payloads below, by kind
+    # The msg_id of the execute_request it comes from (the kernel says so; the host checks that this
+    # execution runs, as it saw on IOPub).
+    parent: str | None
 
 
 class EgressQuestion(TypedDict):  # BROKER_EGRESS
@@ -56,7 +59,7 @@ class BrokerAnswer(TypedDict, total=False):
     record: CallRecord
 
 
-class BrokerReply(TypedDict):  # control: names.MSG_BROKER_REPLY
+class BrokerReply(TypedDict):  # host -> kernel
     req_id: str
     answer: BrokerAnswer
 

@@ -51,9 +51,9 @@ ENV_CODE_GATE_DENIED_ATTRIBUTES: Final = "IVRALO_CODE_GATE_DENIED_ATTRIBUTES"
 ENV_CODE_GATE_DENIED_CALLS: Final = "IVRALO_CODE_GATE_DENIED_CALLS"
 # The id of the broker comm, chosen by the host before launch. Nothing about the comm travels on
 # shell, where a client's first execute_request could overtake a comm_open, and no frontend ever sees
-# it opened (a frontend closes comms whose target it does not know). Requests travel as comm_msg on
-# IOPub (topic ``comm-<id>``), tied to the running execution by their parent header; answers come
-# back as control messages.
+# it opened (a frontend closes comms whose target it does not know). Requests and answers travel on
+# the broker's socket (ENV_BROKER_FD), each request naming the execution it comes from; the id is
+# what the host's hello names.
 ENV_BROKER_COMM: Final = "IVRALO_BROKER_COMM"
 # Set by the supervisor only: the pipe the kernel reports its start-up stages on, and the
 # supervisor's pid (the kernel's parent poller follows it through JPY_PARENT_PID too).
@@ -86,6 +86,9 @@ ENV_EGRESS_SOCKET: Final = "IVRALO_EGRESS_SOCKET"  # the host's egress proxy (a 
 # A pipe's read end whose writer only the host holds: EOF means the host process is gone (inside a
 # sandbox the supervisor's parent is bwrap, which outlives the host; a thread's exit is not a death).
 ENV_HOST_PIPE_FD: Final = "IVRALO_HOST_PIPE_FD"
+# The kernel's end of the broker's socketpair (protocol/broker_frames.py): its requests and the host's
+# answers. Only the host holds the other end.
+ENV_BROKER_FD: Final = "IVRALO_BROKER_FD"
 # Set by a raw launch's host (never by the kernel): it enforces the deadline as the provisioner does,
 # so the supervisor takes the backstop's arming and disarming from the host's pipe alone.
 ENV_HOST_ENFORCES_DEADLINE: Final = "IVRALO_HOST_ENFORCES_DEADLINE"
@@ -144,9 +147,9 @@ KERNEL_INFO_SECTION: Final = "ivralo"
 # Custom control-channel message types (host -> kernel). Control is served while a cell runs.
 MSG_DEADLINE_NOTICE: Final = "ivralo_deadline_notice"  # "the next interrupt is a deadline"
 MSG_STATUS_REQUEST: Final = "ivralo_status_request"  # "which execution is running?"
-MSG_BROKER_REPLY: Final = "ivralo_broker_reply"  # the host's answer to a broker request
 # "I hear your IOPub and you hear my control": the host sends it once its IOPub subscription is
-# live; the kernel sends no request before it (one sent earlier could be lost to a slow joiner).
+# live; the kernel serves no shell request and sends no broker request before it (the watchdog must
+# see every execution start, and a request is bound to a running execution).
 # Behind a Kernel Gateway (no shared memory), a piece of a table the host sends, as the message's
 # buffer, on shell: {"ref"} (no reply; the request that binds the table comes after it on shell).
 MSG_DATA_CHUNK: Final = "ivralo_data_chunk"
@@ -157,12 +160,11 @@ MSG_EGRESS_NOTE: Final = "ivralo_egress_note"
 CONTROL_MSG_TYPES: Final = (
     MSG_DEADLINE_NOTICE,
     MSG_STATUS_REQUEST,
-    MSG_BROKER_REPLY,
     MSG_BROKER_HELLO,
     MSG_EGRESS_NOTE,
 )
 
-# What a broker request asks for (ENV_BROKER_COMM says how it travels).
+# What a broker request asks for (ENV_BROKER_FD says how it travels).
 BROKER_EGRESS: Final = "egress"  # {"host", "port"} -> {"allowed", "reason"} (the host asks whoever it asks)
 # A person's answer relayed by the kernel, as older kernels sent it: always refused (the host asks the
 # person itself, on its own channel to the client; host/sandbox/stdin_questions.py).

@@ -211,6 +211,13 @@ def _host_pipe() -> int | None:
     return fd
 
 
+def _let_go_of_broker_socket() -> None:
+    """The kernel has the broker's socket now (inherited): ours goes, so that the kernel's exit is the
+    host's EOF on it (protocol/broker_frames.py), and no request can come from this process."""
+    with contextlib.suppress(ValueError, OSError):
+        os.close(int(os.environ.get(names.ENV_BROKER_FD, "")))
+
+
 def _write_worker_log(workspace: str, stages: list[str], how: str, stderr_tail: bytes) -> None:
     """Record why a kernel did not come up, where a person (and the host's error) will look."""
     from pathlib import Path
@@ -326,6 +333,7 @@ def main(argv: list[str] | None = None) -> int:
         kernel_env |= _proxy_env(relay.port)
     kernel = _start_kernel(args, kernel_env, stderr.write_fd)  # step 5
     os.close(stage_w)
+    _let_go_of_broker_socket()
     os.close(stderr.write_fd)
     if relay is not None:  # its threads only after the fork: the kernel's child must not start with threads
         relay.start()

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from ivralo_kernel.host.jupyter.egress_gate import EgressGate
     from ivralo_kernel.host.sandbox.channel_relay import ChannelRelay
     from ivralo_kernel.host.settings.workspace_files import WorkspaceFiles
+    from ivralo_kernel.host.watch.broker_socket import BrokerSocket
     from ivralo_kernel.host.watch.watchdog import Watchdog
 
 T = TypeVar("T")
@@ -38,6 +39,7 @@ class KernelResources:
     watchdog: Watchdog | None = None
     broker: BrokerResponder | None = None
     broker_comm_id: str | None = None  # this kernel's broker comm (kept by a replacement kernel)
+    broker_socket: BrokerSocket | None = None  # the kernel's requests and their answers (new for each launch)
     policy_file: str | None = None
     workspace_files: WorkspaceFiles | None = None  # the workspace's files as the host trusts them
     exchange_dir: str | None = None  # the namespace API's shared-memory folder (host.dataplane)
@@ -59,6 +61,9 @@ class KernelResources:
         asker, the relay, the proxy, the folders); otherwise everything goes."""
         if self.watchdog is not None:
             self.watchdog.stop()
+        if self.broker_socket is not None:  # the next launch makes its own
+            self.broker_socket.close()
+            self.broker_socket = None
         if self.broker is not None and not restart:
             self.broker.close()
         if self.history_recorder is not None:  # nothing more is written to its history

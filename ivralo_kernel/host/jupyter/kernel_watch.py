@@ -15,6 +15,7 @@ from ivralo_kernel.host.sandbox import limits as sandbox_limits
 from ivralo_kernel.host.sandbox.egress_notes import EgressNotes
 from ivralo_kernel.host.sandbox.kernel_output import relay_output
 from ivralo_kernel.host.watch.announce import answer_lost_execution
+from ivralo_kernel.host.watch.broker_socket import BrokerSocket
 from ivralo_kernel.host.watch.escalation import DeadlinePolicy
 from ivralo_kernel.host.watch.watchdog import Loss, Watchdog, WatchdogSettings
 from ivralo_kernel.protocol import names
@@ -85,6 +86,7 @@ class KernelWatch:
             on_loss=self._after_loss,
             broker=self.resources.broker,
             comm_id=self.resources.broker_comm_id,
+            broker_socket=self.resources.broker_socket,
             interrupt=self._interrupt_now,
             backstop=self._backstop_line,
             requested=self.resources.relay.requested if self.resources.relay is not None else None,
@@ -96,6 +98,20 @@ class KernelWatch:
         if gate is not None:
             gate.notes = EgressNotes(lambda note, on_reply: send(names.MSG_EGRESS_NOTE, note, on_reply))
         self.resources.watchdog.start()
+
+    def _new_broker_socket(self, kwargs: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
+        """The replacement's own broker socket (the dead kernel may have left half a frame in its
+        own): ``kwargs`` with the new end in place of the old one, which is closed already."""
+        old = self.resources.broker_socket
+        if old is None:
+            return kwargs
+        pass_fds = tuple(fd for fd in kwargs.get("pass_fds", ()) if fd != old.kernel_fd)
+        old.close()
+        new = self.resources.broker_socket = BrokerSocket()
+        kwargs = {**kwargs, "pass_fds": new.pass_to(env, pass_fds)}
+        assert self.resources.launch.launch_args is not None
+        self.resources.launch.launch_args = (self.resources.launch.launch_args[0], kwargs)  # for the next one
+        return kwargs
 
     def _after_loss(self, loss: Loss) -> None:
         """(watchdog thread) Tell the killed cell why, then put a fresh kernel on the same ports."""
@@ -122,7 +138,10 @@ class KernelWatch:
                 self.resources.launch.folder.rewind_seccomp()  # bwrap reads its filter again
             env = dict(kwargs.get("env") or os.environ)
             env[names.ENV_REPLACEMENT] = "1"  # it holds requests until its IOPub subscribers are back
+            kwargs = self._new_broker_socket(kwargs, env)
             compat.adopt_process(self, launch_kernel(cmd, **{**kwargs, "env": env}))
+            if self.resources.broker_socket is not None:
+                self.resources.broker_socket.launched()
             relay_output(self.process)
             self.resources.launch.supervisor = self.resources.launch.supervisor_process = None
             self.replacements += 1

@@ -48,6 +48,7 @@ from ivralo_kernel.host.sandbox.plan import dotenv_for_kernel, dotenv_set_aside,
 from ivralo_kernel.host.settings.file_problems import settings_file_lines
 from ivralo_kernel.host.settings.resolve import IvraloSettings, config_file_layers
 from ivralo_kernel.host.settings.workspace_files import DOTENV, PERMISSIONS, WorkspaceFiles, protected_in_sandbox
+from ivralo_kernel.host.watch.broker_socket import BrokerSocket
 from ivralo_kernel.host.watch.watchdog import Watchdog
 from ivralo_kernel.protocol import KernelPolicy, database_env_names, names, scrub
 from ivralo_kernel.protocol.credentials import credential_store_paths, kept_out_line
@@ -78,6 +79,7 @@ class IvraloProvisioner(KernelWatch, SpareAdoption, LocalProvisioner, IvraloSett
     broker_comm_id = Resource[str | None]("broker_comm_id")
     watchdog = Resource[Watchdog | None]("watchdog")
     broker = Resource[BrokerResponder | None]("broker")
+    broker_socket = Resource[BrokerSocket | None]("broker_socket")
     relay = Resource[ChannelRelay | None]("relay")
     _kernel_side = Resource[dict[str, Any] | None]("kernel_side")
     workspace_files = Resource[WorkspaceFiles | None]("workspace_files")
@@ -195,6 +197,11 @@ class IvraloProvisioner(KernelWatch, SpareAdoption, LocalProvisioner, IvraloSett
             os.set_blocking(self._host_pipe[1], False)  # a wedged supervisor must not block the watchdog
         env[names.ENV_HOST_PIPE_FD] = str(self._host_pipe[0])
         kwargs["pass_fds"] = (self._host_pipe[0],)
+        # The broker's socket: new for each kernel (a dead one may have left half a frame in the old).
+        if self.broker_socket is not None:
+            self.broker_socket.close()
+        self.broker_socket = BrokerSocket()
+        kwargs["pass_fds"] = self.broker_socket.pass_to(env, kwargs["pass_fds"])
         # The kernel's Jupyter links are ipc sockets in its run folder, relayed by the host, with or
         # without the sandbox: the person is asked on the relay, and the fallback's TCP rule cuts nothing.
         cmd, inner_file, connection_file = self._relayed(list(kwargs["cmd"]), abstract=bwrap is None)
@@ -404,6 +411,8 @@ class IvraloProvisioner(KernelWatch, SpareAdoption, LocalProvisioner, IvraloSett
     async def post_launch(self, **kwargs: Any) -> None:
         """After the launch: starts the watchdog, lets go of an adopted spare's files, tops up the spares."""
         await super().post_launch(**kwargs)
+        if self.broker_socket is not None:  # the kernel holds its end (a sandbox's fallback launch too)
+            self.broker_socket.launched()
         self._start_watchdog()
         self._release_when_dead()
         if self._adopting is not None:

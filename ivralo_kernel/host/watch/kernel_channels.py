@@ -109,6 +109,7 @@ class KernelChannels:
         self.iopub: zmq.Socket[Any] | None = None
         self.control: zmq.Socket[Any] | None = None
         self._poller = zmq.Poller()
+        self._readers: dict[int, Callable[[], None]] = {}  # fd -> called when it is readable
 
     # -- the watchdog's thread --------------------------------------------------------------
     def open(self) -> None:
@@ -142,8 +143,15 @@ class KernelChannels:
         """``wait`` also returns when ``fd`` is readable (the tree's pidfd)."""
         self._poller.register(fd, zmq.POLLIN)
 
+    def on_readable(self, fd: int, handler: Callable[[], None]) -> None:
+        """``wait`` calls ``handler`` when ``fd`` is readable (after IOPub's messages: an execution's
+        start is seen before what it sent elsewhere at the same time)."""
+        self._poller.register(fd, zmq.POLLIN)
+        self._readers[fd] = handler
+
     def forget(self, fd: int) -> None:
         self._poller.unregister(fd)
+        self._readers.pop(fd, None)
 
     def wait(self, timeout_s: float, on_iopub: OnReply, on_control: OnReply) -> None:
         """Poll up to ``timeout_s``; hand each message to its handler (a control reply somebody waits
@@ -154,6 +162,9 @@ class KernelChannels:
             self._drain(self.iopub, on_iopub, self.iopub_types)
         if self.control in events:
             self._drain(self.control, lambda msg: self._dispatch_control(msg, on_control))
+        for fd, handler in list(self._readers.items()):
+            if fd in events:
+                handler()
         if self._wake_r in events:
             with contextlib.suppress(BlockingIOError):
                 os.read(self._wake_r, 4096)

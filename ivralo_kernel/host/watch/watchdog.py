@@ -43,6 +43,7 @@ from ivralo_kernel.protocol.iopub_topics import watchdog_topics
 if TYPE_CHECKING:  # the broker (sqlalchemy, httpx) is loaded by the host that has one, not by a raw launch
     from ivralo_kernel.host.broker.responder import BrokerResponder
     from ivralo_kernel.host.sandbox.memory_cgroup import KernelCgroup
+    from ivralo_kernel.host.watch.broker_socket import BrokerSocket
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,7 @@ class Watchdog:
         on_loss: Callable[[Loss], None] | None = None,
         broker: BrokerResponder | None = None,
         comm_id: str | None = None,
+        broker_socket: BrokerSocket | None = None,
         interrupt: Callable[[], None] | None = None,
         backstop: Callable[[str, float | None], None] | None = None,
         requested: Callable[[str], bool] | None = None,
@@ -132,13 +134,16 @@ class Watchdog:
         self.memory = MemoryWatch(settings.memory_soft_limit_bytes, settings.memory_hard_limit_bytes, self._log)
         # The cgroup outlives a replaced kernel: only OOM kills from this kernel's start on are its own.
         self._oom_kills_before = settings.memory_cgroup.oom_kills() if settings.memory_cgroup is not None else 0
-        self.broker = BrokerLink(broker, comm_id, clock) if broker is not None else None
-        # The watchdog acts on executions' status and the broker's comm messages alone: libzmq sends
-        # it only those topics, and of what comes under them, only those types reach the handlers.
+        self.broker = (
+            BrokerLink(broker, comm_id, broker_socket, clock)
+            if broker is not None and broker_socket is not None
+            else None
+        )
+        # The watchdog acts on executions' status alone: libzmq sends it only that topic, and of what
+        # comes under it, only status messages reach the handlers.
         key = connection_info["key"]
-        comm_id = self.broker.comm_id if self.broker is not None else None
-        topics = watchdog_topics(key.encode() if isinstance(key, str) else key, comm_id)
-        self.channels = KernelChannels(connection_info, frozenset({"status", "comm_msg"}), topics)
+        topics = watchdog_topics(key.encode() if isinstance(key, str) else key)
+        self.channels = KernelChannels(connection_info, frozenset({"status"}), topics)
         self.loss: Loss | None = None
         self.outcomes = Outcomes(held=self._held)
         self._stop = threading.Event()
@@ -219,15 +224,20 @@ class Watchdog:
             channels.open()
             if exit_fd is not None:
                 channels.wake_on(exit_fd)
+            if self.broker is not None:
+                channels.on_readable(self.broker.socket.fileno(), self._on_broker_socket)
             while not self._stop.is_set() and self.loss is None:
                 now = self._clock()
                 wakeups = self.deadlines.wakeups(now) if self.deadlines is not None else []
+                if self.broker is not None and (held := self.broker.wakeup()) is not None:
+                    wakeups.append(held)
                 channels.wait(min([next_sample, now + 0.1, *wakeups]) - now, self._on_iopub, self._on_control)
                 if channels.iopub_seen:  # an output of any kind: our subscription is in place
                     self.observer.ready = True
+                now = self._clock()
                 if self.broker is not None:
                     self.broker.say_hello(channels, subscribed=self.observer.ready)
-                now = self._clock()
+                    self.broker.expire(now, self._running_execution, self._pause_deadline)
                 sampled = now >= next_sample
                 if sampled:
                     next_sample = now + poll_s
@@ -251,12 +261,15 @@ class Watchdog:
             # Nobody watches the tree from here on: whoever waits must not wait for us.
             self.outcomes.lose_all("the kernel's watchdog stopped")
 
+    def _on_broker_socket(self) -> None:
+        assert self.broker is not None
+        sock = self.broker.socket
+        self.broker.on_frames(sock.read(), self._running_execution, self._pause_deadline)
+        if sock.eof:  # the kernel's end closed (it exited): nothing more will come
+            self.channels.forget(sock.fileno())
+
     def _on_iopub(self, msg: dict[str, Any]) -> None:
         self.observer.ready = True
-        if msg["header"]["msg_type"] == "comm_msg":
-            if self.broker is not None:
-                self.broker.on_request(msg, self._running_execution, self.channels, self._pause_deadline)
-            return
         if msg["header"]["msg_type"] != "status":
             return
         parent = msg.get("parent_header") or {}
@@ -273,6 +286,8 @@ class Watchdog:
             if self.deadlines is not None:
                 # A "busy" for a request no client sent is code in the kernel publishing it.
                 self.deadlines.on_busy(msg_id, real=self._requested is None or self._requested(msg_id))
+            if self.broker is not None:
+                self.broker.on_busy(self._running_execution, self._pause_deadline)
         elif state == "idle":
             with self._lock:
                 self.running.pop(msg_id, None)
