@@ -88,6 +88,24 @@ def _alive(proc: psutil.Process) -> bool:
         return False
 
 
+def _ours(proc: psutil.Process) -> bool:
+    """Alive and in pytest's session: what this process forked (however: the audit hook sees only
+    Python's starts). A kernel's tree runs in sessions of its own, and its processes that appear while
+    a fast test runs (an earlier test's kernel at work, or an orphan of it reparented to pytest, the
+    subreaper) are not the fast test's."""
+    try:
+        return _alive(proc) and os.getsid(proc.pid) == os.getsid(0)
+    except OSError:
+        return False
+
+
+def _named(proc: psutil.Process) -> str:
+    try:
+        return f"{proc.pid} ({' '.join(proc.cmdline())[:120]}; parent {proc.ppid()})"
+    except psutil.Error:
+        return str(proc.pid)
+
+
 def reap_zombies() -> None:
     """Collect exited children (orphans reparented to pytest end up here as zombies)."""
     while True:
@@ -194,9 +212,9 @@ def fast_tier_starts_no_process(request: pytest.FixtureRequest) -> Iterator[None
         yield
     finally:
         FAST_TIER.starts = None
-    new = [p.pid for p in psutil.Process().children(recursive=True) if p.pid not in before and _alive(p)]
+    new = [_named(p) for p in psutil.Process().children(recursive=True) if p.pid not in before and _ours(p)]
     if starts or new:
-        pytest.fail(f"a test marked fast started processes: {starts}; new descendants by pid: {new}")
+        pytest.fail(f"a test marked fast started processes: {starts}; new descendants: {new}")
 
 
 @pytest.fixture(autouse=True)

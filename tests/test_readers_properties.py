@@ -1041,9 +1041,17 @@ def test_any_bytes_on_the_broker_socket_are_answered_or_dropped(watchdog, frames
         watchdog.broker.socket = original
 
 
+def _finite(frame: object) -> bool:
+    try:
+        json.dumps(frame, allow_nan=False)
+    except ValueError:
+        return False
+    return True
+
+
 @settings(max_examples=EXAMPLES, deadline=None)
 @given(
-    frames=st.lists(st.one_of(_small, st.integers(5000, 9000).map(lambda n: "x" * n)), max_size=6),
+    frames=st.lists(st.one_of(_small, st.integers(5000, 9000).map(lambda n: "x" * n)).filter(_finite), max_size=6),
     junk=st.lists(st.binary(max_size=8), max_size=3),
     cuts=st.lists(st.integers(1, 6000), max_size=6),
 )
@@ -1056,7 +1064,7 @@ def test_any_broker_frames_in_any_chunks_are_read_whole_or_skipped(frames, junk,
     limit = 4096
     pieces = [broker_frames.encode(frame) for frame in frames]
     pieces += [broker_frames.HEADER.pack(len(raw)) + raw for raw in junk]
-    expected: list[object] = [frame if len(json.dumps(frame).encode()) <= limit else None for frame in frames]
+    expected: list[object] = [frame if len(broker_frames.pack(frame)) <= limit else None for frame in frames]
     expected += [_json_or_none(raw) for raw in junk]
     data = b"".join(pieces)
     reader, found, at = broker_frames.FrameReader(limit), [], 0

@@ -104,9 +104,7 @@ class BrokerClient:
             event.set()
 
     def _send(self, sock: socket.socket, request: BrokerRequest) -> None:
-        from jupyter_client.session import json_packer  # here, not at import: the guards load this module first
-
-        frame = broker_frames.encode(request, json_packer)
+        frame = broker_frames.encode(request)
         with self._send_lock:
             sock.sendall(frame)
 

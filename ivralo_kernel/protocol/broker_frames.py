@@ -13,9 +13,12 @@ says where it ends), and yields ``None`` for bytes that are no JSON, never a gue
 
 from __future__ import annotations
 
+import binascii
+import datetime
 import json
+import numbers
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,13 +33,31 @@ MAX_ANSWER_BYTES = 256 << 20
 Packer = Callable[[Any], bytes]
 
 
-def _json(obj: Any) -> bytes:
-    return json.dumps(obj, ensure_ascii=False, allow_nan=False).encode()
+def _jsonable(obj: Any) -> Any:
+    """What jupyter_client's ``json_default`` makes of what JSON has no type for, so that a request
+    carries what it carried as a Jupyter message: a date as ISO text, bytes as base64, a numpy
+    number as a number, any other iterable as a list."""
+    if isinstance(obj, datetime.datetime):
+        if obj.tzinfo is None:  # local time, as jupyter_client takes it
+            obj = obj.astimezone()
+        return obj.isoformat().replace("+00:00", "Z")
+    if isinstance(obj, bytes):
+        return binascii.b2a_base64(obj, newline=False).decode("ascii")
+    if isinstance(obj, numbers.Integral):
+        return int(obj)
+    if isinstance(obj, numbers.Real):
+        return float(obj)
+    if isinstance(obj, Iterable):
+        return list(obj)
+    raise TypeError(f"{type(obj).__name__} is not JSON serializable")
 
 
-def encode(obj: Any, pack: Packer = _json) -> bytes:
-    """One frame. ``pack``: jupyter_client's ``json_packer`` on both sides, so that what a Jupyter
-    message could carry (dates, bytes, numpy numbers) travels here the same way."""
+def pack(obj: Any) -> bytes:
+    return json.dumps(obj, default=_jsonable, ensure_ascii=False, allow_nan=False).encode("utf8", "surrogateescape")
+
+
+def encode(obj: Any, pack: Packer = pack) -> bytes:
+    """One frame. ``pack``: the host gives jupyter_client's ``json_packer``, as its answers went before."""
     body = pack(obj)
     if len(body) > 0xFFFF_FFFF:
         raise ValueError(f"a broker frame of {len(body)} bytes is over the 4 GiB a frame can hold")
