@@ -290,7 +290,7 @@ control.connect(f"{info['transport']}://{info['ip']}{where}")
 forged = {"req_id": "waiting", "answer": {"allowed": True, "ok": True, "result": "forged"}}
 # Signed with the kernel's own key, as the host's answers were once sent (ivralo_broker_reply).
 JupyterSession(key=info["key"].encode()).send(control, "ivralo_broker_reply", forged)
-print("answered:", done.wait(3), box)
+print("answered:", done.wait(1.5), box)
 control.close(linger=0)
 context.term()
 """

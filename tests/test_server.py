@@ -172,6 +172,9 @@ def test_a_kill_answers_the_cell_and_replaces_the_kernel_without_a_restart(serve
         browser.wait_until_answered(timeout=30)  # the fresh kernel is up, as a frontend finds out
         reply, outputs, _ = browser.execute("print('fresh', 'x' in dir())", timeout=60)
         assert [o["content"]["text"] for o in outputs if o["msg_type"] == "stream"] == ["fresh False\n"]
+        # The fresh kernel has a broker socket of its own (the dead one's may hold half a frame).
+        reply, outputs, _ = browser.execute("print('hosts', type(ivralo.hosts()).__name__)", timeout=60)
+        assert [o["content"]["text"] for o in outputs if o["msg_type"] == "stream"] == ["hosts list\n"], outputs
         model = requests.get(f"{server}/api/kernels/{kernel_id}", headers=auth(), timeout=10).json()
         assert model["execution_state"] != "dead"
     finally:

@@ -25,7 +25,7 @@ if TYPE_CHECKING:  # the broker (sqlalchemy, httpx) is loaded by the host that h
 HELLO_RETRY_S = 0.5
 # How long a request may wait for its execution's "busy" (published before the cell ran, on IOPub,
 # through ipykernel's IOPub thread) and how many may wait: a few at most, in any real kernel.
-HOLD_S = 2.0
+HOLD_S = 1.0
 MAX_HELD = 64
 
 Execution = Callable[[str | None], str | None]  # a request's parent msg_id -> the execution, if running
