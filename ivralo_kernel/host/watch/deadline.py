@@ -53,6 +53,9 @@ class DeadlineWatch:
     ) -> None:
         self.policy = policy
         self.escalations: OrderedDict[str, Escalation] = OrderedDict()
+        # The ones not final yet, which alone have wakeups and steps: each turn of the watchdog looks
+        # at these (a few), not at the KEEP_OUTCOMES kept for their outcome.
+        self._open: dict[str, Escalation] = {}
         self._root_pid, self._clock, self._kill, self._log = root_pid, clock, kill, log
         self._signal_interrupt = signal_interrupt
         # The supervisor's backstop, armed and disarmed by us alone.
@@ -77,15 +80,12 @@ class DeadlineWatch:
         for it)."""
         now = self._clock()
         with self._lock:
-            for earlier, escalation in self.escalations.items():
+            for earlier, escalation in self._still_open():
                 if real and earlier != msg_id and escalation.phase is Phase.SETTLING:
                     escalation.on_next_execution(now)
                     self._arm(earlier)
             if msg_id not in self.escalations:
-                self.escalations[msg_id] = Escalation(self.policy, started_at=now)
-                self._arm(msg_id)
-                while len(self.escalations) > KEEP_OUTCOMES:
-                    self.escalations.popitem(last=False)
+                self._begin(msg_id, now)
 
     def on_turn(self, msg_id: str, at: float) -> None:
         """A client's request whose turn has come (the relay saw every earlier one answered): its
@@ -93,10 +93,21 @@ class DeadlineWatch:
         forged its own reply and went on running is still the one that holds the kernel."""
         with self._lock:
             if msg_id not in self.escalations:
-                self.escalations[msg_id] = Escalation(self.policy, started_at=at)
-                self._arm(msg_id)
-                while len(self.escalations) > KEEP_OUTCOMES:
-                    self.escalations.popitem(last=False)
+                self._begin(msg_id, at)
+
+    def _begin(self, msg_id: str, at: float) -> None:
+        """(under the lock) A new execution's escalation, counting from ``at``."""
+        self.escalations[msg_id] = self._open[msg_id] = Escalation(self.policy, started_at=at)
+        self._arm(msg_id)
+        while len(self.escalations) > KEEP_OUTCOMES:
+            gone, _ = self.escalations.popitem(last=False)
+            self._open.pop(gone, None)
+
+    def _still_open(self) -> list[tuple[str, Escalation]]:
+        """(under the lock) The escalations not final yet; the final ones leave ``_open`` here."""
+        for msg_id in [m for m, e in self._open.items() if e.phase.final]:
+            del self._open[msg_id]
+        return list(self._open.items())
 
     def on_idle(self, msg_id: str) -> None:
         with self._lock:
@@ -139,12 +150,12 @@ class DeadlineWatch:
 
     def wakeups(self, now: float) -> list[float]:
         with self._lock:
-            return [w for e in self.escalations.values() if (w := e.next_wakeup(now)) is not None]
+            return [w for _, e in self._still_open() if (w := e.next_wakeup(now)) is not None]
 
     # -- stepping (the watchdog's thread) -----------------------------------------------------
     def advance(self, now: float, channels: KernelChannels, on_control: Callable[[dict[str, Any]], None]) -> None:
         with self._lock:
-            actions = [(msg_id, e.step(now)) for msg_id, e in self.escalations.items() if not e.phase.final]
+            actions = [(msg_id, e.step(now)) for msg_id, e in self._still_open()]
         for msg_id, action in actions:
             if action is Action.CHECK_QUIET:
                 action = self._check_quiet(msg_id, now)

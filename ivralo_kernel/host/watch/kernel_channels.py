@@ -139,13 +139,9 @@ class KernelChannels:
             os.close(self._wake_w)
             self._wake_w = -1
 
-    def wake_on(self, fd: int) -> None:
-        """``wait`` also returns when ``fd`` is readable (the tree's pidfd)."""
-        self._poller.register(fd, zmq.POLLIN)
-
     def on_readable(self, fd: int, handler: Callable[[], None]) -> None:
-        """``wait`` calls ``handler`` when ``fd`` is readable (after IOPub's messages: an execution's
-        start is seen before what it sent elsewhere at the same time)."""
+        """``wait`` calls ``handler`` when ``fd`` is readable (the tree's pidfd, the broker's socket),
+        after IOPub's messages: an execution's start is seen before what it sent elsewhere meanwhile."""
         self._poller.register(fd, zmq.POLLIN)
         self._readers[fd] = handler
 

@@ -222,8 +222,9 @@ class Watchdog:
         exit_fd = _pidfd(self.root_pid)  # readable once the tree's root has exited
         try:
             channels.open()
+            exit_seen = [False]  # the pidfd polled readable: the root has exited
             if exit_fd is not None:
-                channels.wake_on(exit_fd)
+                channels.on_readable(exit_fd, lambda: exit_seen.__setitem__(0, True))
             if self.broker is not None:
                 channels.on_readable(self.broker.socket.fileno(), self._on_broker_socket)
             while not self._stop.is_set() and self.loss is None:
@@ -242,7 +243,9 @@ class Watchdog:
                 if sampled:
                     next_sample = now + poll_s
                     self._check_memory()
-                if sampled or exit_fd is not None:  # with a pidfd, at once; without, at each sample
+                # With a pidfd, at once when it says so (not each turn: a waitpid costs as much as the
+                # rest of a turn); and at each sample, with or without one.
+                if sampled or exit_seen[0]:
                     if self._check_exit() and exit_fd is not None:
                         channels.forget(exit_fd)  # it stays readable: the outcomes are lost already
                         os.close(exit_fd)
