@@ -9,8 +9,9 @@ from ivralo_kernel.protocol import worker_log
 
 
 async def test_failed_start_is_logged_with_its_stage(workspace: Path) -> None:
-    # Five file descriptors are too few for ipykernel's sockets: a real failure at "kernel built".
-    session = Session(workspace=workspace, config=WorkerConfig(rlimit_nofile=5, bootstrap_timeout_ms=30_000))
+    # Six file descriptors (the standard three, the stage pipe, the broker socket, one more) are too
+    # few for ipykernel's sockets: a real failure after "guards installed".
+    session = Session(workspace=workspace, config=WorkerConfig(rlimit_nofile=6, bootstrap_timeout_ms=30_000))
     async with session:
         result = await session.run("print(1)")
     log = workspace / ".ivralo" / "python-worker.log"
