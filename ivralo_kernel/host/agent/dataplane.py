@@ -32,6 +32,7 @@ import secrets
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from ivralo_kernel.host.agent.read_buffers import ReadBuffers
 from ivralo_kernel.host.sandbox.exchange_folder import SEGMENT_PREFIX
 from ivralo_kernel.protocol import names
 from ivralo_kernel.protocol.errors import IvraloError
@@ -113,6 +114,7 @@ class Exchange:
         self.path: str | None = None  # the segment's name, as the kernel knows it (maybe unlinked)
         self.capacity = 0
         self.fd: int | None = None
+        self.buffers = ReadBuffers()  # the host's copies: the last one's memory serves the next read
 
     def reserve(self, size: int) -> tuple[str, int]:
         """A segment of at least ``size`` bytes, its pages allocated: (its path, its capacity)."""
@@ -147,7 +149,7 @@ class Exchange:
         """The segment's first ``length`` bytes, copied into the host's own memory (a bytes-like
         object: a numpy array of uint8 where numpy is installed, else a bytearray)."""
         assert self.fd is not None
-        data = _fresh_buffer(length)
+        data = self.buffers.take(length)
         view = memoryview(data)
         try:
             half = length // 2 if length >= _PARALLEL_BYTES and _cpus() > 1 else 0
@@ -187,6 +189,11 @@ class Exchange:
                 os.close(self.fd)
         self.fd, self.path, self.capacity = None, None, 0
 
+    def close(self) -> None:
+        """The worker ends: the segment goes, and the memory kept for the next read."""
+        self.discard()
+        self.buffers.release()
+
 
 class _SegmentWriter:
     """A file-like sink for Arrow's ``PythonFile`` that writes straight into the segment with
@@ -213,17 +220,6 @@ class _SegmentWriter:
 
     def close(self) -> None:
         self.closed = True
-
-
-def _fresh_buffer(length: int) -> Any:
-    """``length`` writable bytes of the host's own. numpy's allocator asks for transparent huge pages
-    (``madvise``) for large blocks, so filling 100 MB faults 50 pages, not 25,600: that was two thirds
-    of a ``get_dataframe``. A bytearray where numpy is missing."""
-    try:
-        import numpy
-    except ImportError:
-        return bytearray(length)
-    return numpy.empty(length, dtype=numpy.uint8)
 
 
 def _unlink(path: str) -> None:

@@ -242,5 +242,5 @@ class Worker:
         except Exception:  # noqa: BLE001 - teardown must finish; the tree is killed below anyway
             await self.kill()
         if self.exchange is not None:
-            self.exchange.discard()
+            self.exchange.close()
         self.kc.stop_channels()
