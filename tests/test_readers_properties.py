@@ -644,6 +644,7 @@ _AS = st.sampled_from(["pandas.DataFrame", "pandas.Series", "pyarrow.ChunkedArra
 
 @settings(max_examples=EXAMPLES, deadline=None)
 @given(seed=st.integers(0, 2), raw=_raw, edits=_edits, cut=_cuts, kind=_AS)
+@example(seed=1, raw=None, edits=[(88, 128)], cut=None, kind="pandas.DataFrame")  # a field name not UTF-8
 def test_any_arrow_from_the_kernel_is_converted_or_refused_with_a_sentence(seed, raw, edits, cut, kind) -> None:
     """get_dataframe: an Arrow IPC stream the kernel wrote, whole, mutated or cut short; validated
     in full before it is converted (an offset out of order once crashed the host)."""
@@ -988,6 +989,14 @@ def test_any_message_on_the_kernels_iopub_is_handled_or_dropped(watchdog, parts,
     assert len(watchdog.running) <= 1000
 
 
+def _finite(frame: object) -> bool:
+    try:
+        json.dumps(frame, allow_nan=False)
+    except ValueError:
+        return False
+    return True
+
+
 _frames = st.one_of(
     st.fixed_dictionaries(
         {
@@ -1003,7 +1012,7 @@ _frames = st.one_of(
 
 @settings(max_examples=EXAMPLES, deadline=None)
 @given(
-    frames=st.lists(_frames, max_size=4),
+    frames=st.lists(_frames.filter(_finite), max_size=4),
     junk=_mostly(st.just(b""), st.binary(max_size=12)),
     cuts=st.lists(st.integers(1, 64), max_size=4),
 )
@@ -1039,14 +1048,6 @@ def test_any_bytes_on_the_broker_socket_are_answered_or_dropped(watchdog, frames
     finally:
         sock.close()
         watchdog.broker.socket = original
-
-
-def _finite(frame: object) -> bool:
-    try:
-        json.dumps(frame, allow_nan=False)
-    except ValueError:
-        return False
-    return True
 
 
 @settings(max_examples=EXAMPLES, deadline=None)
@@ -1113,3 +1114,51 @@ def test_a_request_that_overtakes_its_executions_busy_waits_for_it(watchdog) -> 
     finally:
         sock.close()
         watchdog.broker.socket = original
+
+
+def test_a_kernel_that_reads_no_answers_holds_no_thread_of_the_host() -> None:
+    """The watchdog's thread answers some requests itself: a kernel that never reads its answers
+    must not block it (nor a broker thread). Sends never wait; past MAX_QUEUED_BYTES unread, the
+    kernel gets no more answers and sees its socket end."""
+    import time
+
+    from ivralo_kernel.host.watch.broker_socket import MAX_QUEUED_BYTES, BrokerSocket
+
+    sock = BrokerSocket()
+    kernel_end = sock._kernel
+    assert kernel_end is not None
+    try:
+        big = {"req_id": "r", "answer": {"ok": True, "result": "x" * (1 << 20)}}
+        started = time.monotonic()
+        for _ in range((MAX_QUEUED_BYTES >> 20) + 16):  # more than the queue holds, none of it read
+            sock.send(big)
+        assert time.monotonic() - started < 30, "a send waited for the kernel"  # liveness only
+        kernel_end.settimeout(30)
+        total = 0
+        while chunk := kernel_end.recv(1 << 20):  # what was written, then the end
+            total += len(chunk)
+        assert 0 < total <= MAX_QUEUED_BYTES + (4 << 20)
+    finally:
+        sock.close()
+
+
+def test_a_kernel_that_writes_without_pause_lets_the_watchdog_go_each_turn(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A read takes a bounded amount (READS_PER_TURN chunks): a kernel writing requests as fast as
+    they are read cannot keep the watchdog's thread (and its deadlines) in one read. (Small chunks
+    here, so that the socket's own buffer holds many turns' worth.)"""
+    from ivralo_kernel.host.watch import broker_socket
+    from ivralo_kernel.protocol import broker_frames
+
+    monkeypatch.setattr(broker_socket, "READ_CHUNK", 1024)
+    monkeypatch.setattr(broker_socket, "READS_PER_TURN", 4)
+    sock = broker_socket.BrokerSocket()
+    kernel_end = sock._kernel
+    assert kernel_end is not None
+    try:
+        frame = broker_frames.encode({"req_id": "r", "kind": "catalog", "payload": {}, "parent": None})
+        kernel_end.sendall(frame * (64 * 1024 // len(frame)))  # 64 KiB: sixteen turns' worth
+        first = sock.read()
+        assert 0 < len(first) <= 4 * 1024 // len(frame) + 1, len(first)
+        assert sock.read(), "the rest is read on the next turn"
+    finally:
+        sock.close()

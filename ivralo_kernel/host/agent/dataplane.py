@@ -317,7 +317,9 @@ def _from_ipc(pa: Any, envelope: dict[str, Any], data: Any, own: Any = None) -> 
         # In full: offsets in order and within their buffers, UTF-8 valid, dictionary indices in range.
         # The cheap validate() checks only buffer sizes, and to_pandas() trusts the rest (a SIGSEGV).
         table.validate(full=True)
-    except (pa.ArrowException, OSError) as exc:  # every error of pyarrow's (an IPC stream cut short: OSError)
+    # Every error of pyarrow's (an IPC stream cut short: OSError), and a name in the schema that is
+    # no UTF-8 (UnicodeDecodeError, found by tests/test_readers_properties.py's mutations).
+    except (pa.ArrowException, OSError, ValueError) as exc:
         raise TransferRefusedError(
             f"the Arrow data the kernel wrote is not valid ({str(exc)[:300]}), so it was not converted. Code in the "
             "kernel may have written it; restart the worker if this repeats"

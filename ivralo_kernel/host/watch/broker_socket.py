@@ -2,13 +2,15 @@
 whose other end the kernel gets (``ENV_BROKER_FD``, passed through bwrap and the supervisor).
 
 The watchdog's thread reads the kernel's requests (``read``, when its poll says the socket is
-readable); any thread writes an answer (``send``). What the kernel writes is input: frames are capped
-(``MAX_REQUEST_BYTES``), and a kernel that stops reading cannot block an answering thread for longer
-than ``SEND_TIMEOUT_S``.
+readable; a bounded amount each turn); any thread writes an answer (``send``), which never waits:
+what the socket does not take at once goes to a sender thread. What the kernel writes is input:
+frames are capped (``MAX_REQUEST_BYTES``); a kernel that reads no answer for ``SEND_TIMEOUT_S``, or
+leaves ``MAX_QUEUED_BYTES`` of them unread, gets no more.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import select
@@ -21,8 +23,11 @@ from jupyter_client.session import json_packer
 
 from ivralo_kernel.protocol import broker_frames, names
 
-SEND_TIMEOUT_S = 10.0
+SEND_TIMEOUT_S = 10.0  # a kernel that reads none of its answers for this long gets no more
+MAX_QUEUED_BYTES = 64 << 20  # answers written but not read yet, at most
+POLL_MS = 200
 READ_CHUNK = 1 << 16
+READS_PER_TURN = 16  # 1 MiB at most per watchdog turn
 log = logging.getLogger(__name__)
 
 
@@ -32,14 +37,18 @@ class BrokerSocket:
         self._host, kernel = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self._kernel: socket.socket | None = kernel
         self.kernel_fd = kernel.fileno()  # its number in a launch's pass_fds, kept after it closes
-        # Non-blocking: a read takes what is there, a send waits for room in ``_send_all`` alone (not
+        # Non-blocking: a read takes what is there, and a send what the socket takes (not
         # with ``settimeout``: Python's timeout mode polls before each recv, so a read would wait).
         self._host.setblocking(False)
         self._frames = broker_frames.FrameReader(broker_frames.MAX_REQUEST_BYTES)
         self._read_lock = threading.Lock()  # a stopping watchdog and its successor never split a frame
         self._send_lock = threading.Lock()
+        self._room = threading.Condition(self._send_lock)  # the sender thread waits for answers here
+        self._queue: collections.deque[memoryview] = collections.deque()  # what did not go at once
+        self._queued = 0
+        self._sender: threading.Thread | None = None
         self.eof = False
-        self._broken = False  # an answer went out in part: no more go
+        self._broken = False  # the kernel stopped reading, or exited: no more answers go
 
     def fileno(self) -> int:
         return self._host.fileno()
@@ -62,7 +71,11 @@ class BrokerSocket:
         that was not (too long, no JSON). Sets ``eof`` once the kernel's end is closed."""
         found: list[Any] = []
         with self._read_lock:
-            while not self.eof:
+            # A bounded amount each time: a kernel that writes without pause must not keep the
+            # watchdog's thread here, away from its deadlines (the poll says readable again at once).
+            for _ in range(READS_PER_TURN):
+                if self.eof:
+                    break
                 try:
                     chunk = self._host.recv(READ_CHUNK)
                 except (BlockingIOError, InterruptedError):
@@ -76,37 +89,89 @@ class BrokerSocket:
         return found
 
     def send(self, answer: Any) -> None:
-        """(any thread) One answer; dropped with a log line if the kernel does not take it in time."""
+        """(any thread, never waits) One answer: written now if the socket takes it whole, else queued
+        for the sender thread. The watchdog's thread answers some requests itself, and a kernel that
+        stops reading must not hold it (nor a broker thread) away from its work."""
         frame = broker_frames.encode(answer, json_packer)
         with self._send_lock:
             if self._broken:
                 return
-            try:
-                self._send_all(frame)
-            except OSError as exc:  # it exited, or stopped reading for SEND_TIMEOUT_S
-                # A part of the frame may have gone: nothing after it could be read as a frame. Our
-                # side ends, and the kernel's waiting requests end with it ("the host closed").
-                self._broken = True
-                with contextlib.suppress(OSError):
-                    self._host.shutdown(socket.SHUT_WR)
-                log.warning("ivralo broker: an answer could not be given to the kernel (%s)", exc.strerror or exc)
+            if not self._queue:
+                try:
+                    sent = self._host.send(frame)
+                except (BlockingIOError, InterruptedError):
+                    sent = 0
+                except OSError as exc:  # it exited
+                    self._break(exc.strerror or str(exc))
+                    return
+                if sent == len(frame):
+                    return
+                frame = frame[sent:]
+            if self._queued + len(frame) > MAX_QUEUED_BYTES:
+                self._break(f"it left more than {MAX_QUEUED_BYTES >> 20} MiB of answers unread")
+                return
+            self._queue.append(memoryview(frame))
+            self._queued += len(frame)
+            if self._sender is None:
+                self._sender = threading.Thread(target=self._send_queued, name="ivralo-broker-send", daemon=True)
+                self._sender.start()
+            self._room.notify()
 
-    def _send_all(self, frame: bytes) -> None:
-        deadline = time.monotonic() + SEND_TIMEOUT_S
-        view = memoryview(frame)
-        while view:
+    def _send_queued(self) -> None:
+        """(the sender thread) What did not go at once, in order, as the kernel reads."""
+        poll = select.poll()  # not select(): a host with many kernels has descriptors above 1023
+        poll.register(self._host, select.POLLOUT)
+        stuck_since = time.monotonic()
+        while True:
+            with self._send_lock:
+                while not self._queue and not self._broken:
+                    self._room.wait()
+                    stuck_since = time.monotonic()
+                if self._broken:
+                    return
+                head = self._queue[0]
             try:
-                view = view[self._host.send(view) :]
+                ready = poll.poll(POLL_MS)
+            except InterruptedError:
                 continue
-            except (BlockingIOError, InterruptedError):
-                pass
-            left = deadline - time.monotonic()
-            room = select.poll()  # not select(): a host with many kernels has descriptors above 1023
-            room.register(self._host, select.POLLOUT)
-            if left <= 0 or not room.poll(left * 1000):
-                raise TimeoutError(f"the kernel took no answer for {SEND_TIMEOUT_S:g} s")
+            with self._send_lock:
+                if self._broken:
+                    return
+                try:
+                    sent = self._host.send(head) if ready else 0
+                except (BlockingIOError, InterruptedError):
+                    sent = 0
+                except OSError as exc:
+                    self._break(exc.strerror or str(exc))
+                    return
+                if sent:
+                    stuck_since = time.monotonic()
+                    self._queued -= sent
+                    if sent == len(head):
+                        self._queue.popleft()
+                    else:
+                        self._queue[0] = head[sent:]
+                elif time.monotonic() - stuck_since > SEND_TIMEOUT_S:
+                    self._break(f"it read none of its answers for {SEND_TIMEOUT_S:g} s")
+                    return
+
+    def _break(self, why: str) -> None:
+        """(holding the send lock) No more answers: part of a frame may have gone, and nothing after
+        it could be read as one. Our side ends, and the kernel's waiting requests end with it ("the
+        host closed its broker socket")."""
+        self._broken = True
+        self._queue.clear()
+        self._queued = 0
+        self._room.notify_all()
+        with contextlib.suppress(OSError):
+            self._host.shutdown(socket.SHUT_WR)
+        log.warning("ivralo broker: the kernel's answers stop here: %s", why)
 
     def close(self) -> None:
         self.launched()
+        with self._send_lock:
+            self._broken = True  # the sender thread ends
+            self._queue.clear()
+            self._room.notify_all()
         with contextlib.suppress(OSError):
             self._host.close()
