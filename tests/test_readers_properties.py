@@ -1162,3 +1162,30 @@ def test_a_kernel_that_writes_without_pause_lets_the_watchdog_go_each_turn(monke
         assert sock.read(), "the rest is read on the next turn"
     finally:
         sock.close()
+
+
+def test_a_kernel_that_publishes_without_pause_lets_the_watchdog_go_each_turn() -> None:
+    """The watchdog takes at most DRAIN_AT_ONCE messages of a socket a turn: a kernel publishing
+    (signed status messages, say) as fast as they are read cannot keep it from its deadlines."""
+    import zmq
+
+    from ivralo_kernel.host.watch.kernel_channels import DRAIN_AT_ONCE, KernelChannels
+
+    context = zmq.Context()
+    kernel, ours = context.socket(zmq.PAIR), context.socket(zmq.PAIR)
+    channels = KernelChannels({"key": "key", "signature_scheme": "hmac-sha256"})
+    try:
+        kernel.bind("inproc://flood")
+        ours.connect("inproc://flood")
+        for _ in range(DRAIN_AT_ONCE * 3):
+            kernel.send_multipart([b"<IDS|MSG>", b"0" * 64, b"{}", b"{}", b"{}", b"{}"])
+        turns = 0
+        while ours.poll(0):
+            channels._drain(ours, lambda _msg: None)
+            turns += 1
+        assert turns == 3, turns
+    finally:
+        channels.close()
+        kernel.close(linger=0)
+        ours.close(linger=0)
+        context.term()

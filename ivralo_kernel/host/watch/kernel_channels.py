@@ -24,6 +24,7 @@ from jupyter_client.session import Session as JupyterSession
 from ivralo_kernel.protocol.processes import channel_url
 
 RECONNECT_IVL_MS = 10  # how often our sockets retry a kernel that is not bound yet
+DRAIN_AT_ONCE = 256  # messages of one socket handled per turn of the watchdog
 OnReply = Callable[[dict[str, Any]], None]
 
 
@@ -209,8 +210,12 @@ class KernelChannels:
     def _drain(self, socket: zmq.Socket[Any], handle: OnReply, types: frozenset[str] | None = None) -> None:
         # Bytes, not zmq.Frame objects (message_of reads bytes): under the watchdog's topics and on
         # control, messages are small. EVENTS says when the queue is empty, cheaper than the
-        # exception of one more recv.
-        while cast(int, socket.get(zmq.EVENTS)) & zmq.POLLIN:
+        # exception of one more recv. At most DRAIN_AT_ONCE a turn: a kernel that publishes without
+        # pause must not keep the watchdog's thread here, away from its deadlines (the next poll
+        # returns at once while more wait).
+        for _ in range(DRAIN_AT_ONCE):
+            if not cast(int, socket.get(zmq.EVENTS)) & zmq.POLLIN:
+                return
             try:
                 frames = socket.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
