@@ -274,37 +274,6 @@ async def test_forged_and_malformed_requests_fail_closed(workspace: Path, endpoi
     assert not (workspace / ".ivralo" / "permissions.json").exists()
 
 
-SELF_ANSWER = """
-import json, threading, zmq
-from ipykernel.connect import get_connection_info
-from jupyter_client.session import Session as JupyterSession
-from ivralo_kernel.kernel.broker_client import BROKER
-
-info = json.loads(get_connection_info())
-done, box = threading.Event(), []
-BROKER._pending["waiting"] = (done, box)  # a request of ours, waiting for its answer
-where = f":{info['control_port']}" if info["transport"] == "tcp" else f"-{info['control_port']}"
-context = zmq.Context()
-control = context.socket(zmq.DEALER)
-control.connect(f"{info['transport']}://{info['ip']}{where}")
-forged = {"req_id": "waiting", "answer": {"allowed": True, "ok": True, "result": "forged"}}
-# Signed with the kernel's own key, as the host's answers were once sent (ivralo_broker_reply).
-JupyterSession(key=info["key"].encode()).send(control, "ivralo_broker_reply", forged)
-print("answered:", done.wait(1.5), box)
-control.close(linger=0)
-context.term()
-"""
-
-
-async def test_a_signed_answer_on_control_answers_nothing(workspace: Path) -> None:
-    """Code in the kernel holds the connection key and can reach its own control socket: an answer
-    sent there, in the host's name, must not reach a waiting request (answers come on the broker's
-    socket alone, whose other end only the host holds)."""
-    async with Session(workspace=workspace) as session:
-        result = await session.run(SELF_ANSWER)
-    assert result == "answered: False []\n", result
-
-
 async def test_an_interrupt_ends_the_wait_at_once(workspace: Path, endpoint: Endpoint, operations: Path) -> None:
     async with Session(workspace=workspace, grants=("test",)) as session:
         assert await session.run("kept = 42") == ""
