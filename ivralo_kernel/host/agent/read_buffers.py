@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import mmap
 import threading
-import time
 from typing import Any
 
 KEEP_S = 30.0
@@ -27,11 +26,10 @@ _HUGE = 2 << 20
 
 
 class ReadBuffers:
-    def __init__(self, clock: Any = time.monotonic) -> None:
+    def __init__(self) -> None:
         self._lock = threading.Lock()
         self._kept: mmap.mmap | None = None
-        self._last_used = 0.0
-        self._clock = clock
+        self._reads = 0  # which read the kept buffer served: a timer armed for an earlier one lets it be
         self._timer: threading.Timer | None = None
 
     def take(self, length: int) -> Any:
@@ -50,7 +48,8 @@ class ReadBuffers:
             if not fits:
                 kept = _fresh(length)
             assert kept is not None
-            self._kept, self._last_used = kept, self._clock()
+            self._kept = kept
+            self._reads += 1
             self._release_later()
         return numpy.frombuffer(kept, dtype=numpy.uint8, count=length)
 
@@ -66,13 +65,13 @@ class ReadBuffers:
         """(holding the lock) ``KEEP_S`` after the last read, the kept buffer goes."""
         if self._timer is not None:
             self._timer.cancel()
-        self._timer = threading.Timer(KEEP_S, self._expire)
+        self._timer = threading.Timer(KEEP_S, self._expire, args=(self._reads,))
         self._timer.daemon = True
         self._timer.start()
 
-    def _expire(self) -> None:
+    def _expire(self, read: int) -> None:
         with self._lock:
-            if self._clock() - self._last_used >= KEEP_S - 0.5:
+            if read == self._reads:  # no read since (a cancelled timer may still fire once)
                 self._kept = None
                 self._timer = None
 

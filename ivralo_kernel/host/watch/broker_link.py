@@ -34,10 +34,10 @@ Pause = Callable[[str, bool], None]  # (execution, on): the deadline does not co
 
 class BrokerLink:
     def __init__(
-        self, responder: BrokerResponder, comm_id: str | None, socket: BrokerSocket, clock: Callable[[], float]
+        self, responder: BrokerResponder, comm_id: str | None, link: BrokerSocket, clock: Callable[[], float]
     ) -> None:
         self.responder = responder
-        self.socket = socket
+        self.socket = link
         self._held: list[tuple[float, dict[str, Any]]] = []  # (until, request): its execution not seen yet
         self.comm_id = comm_id or uuid.uuid4().hex  # the kernel got it at launch (IVRALO_BROKER_COMM)
         self.ready = threading.Event()  # the kernel answered our hello: requests flow both ways
