@@ -218,8 +218,10 @@ def test_nbclient_suite(nbclient_running: RunningSuite) -> None:
     """nbclient's whole suite; its notebooks and tests name the kernels ``python3`` and ``python``."""
     outcomes = nbclient_running.finish(timeout=540)
     assert len(outcomes) == 127, sorted(outcomes)
+    # The text of every test whose outcome is not the expected one (an expected failure that ended
+    # as an error too: once seen in CI, with nothing to say why).
     assert not_passed(outcomes) == NBCLIENT_WRITES_OUTSIDE, {
-        t: text[-3000:] for t, (o, text) in outcomes.items() if o != "passed" and t not in NBCLIENT_WRITES_OUTSIDE
+        t: (o, text[-3000:]) for t, (o, text) in outcomes.items() if o != NBCLIENT_WRITES_OUTSIDE.get(t, "passed")
     }
     for test in NBCLIENT_WRITES_OUTSIDE:
         text = outcomes[test][1]
