@@ -156,7 +156,8 @@ def nbclient_running(tmp_path_factory: pytest.TempPathFactory, sdist_dir: Path) 
     base = tmp_path_factory.mktemp("nbclient")
     root = unpack("nbclient", sdist_dir, base)
     env = suite_env(base / "jupyter", "ivralo", names=("python3", "python"))
-    running = RunningSuite(root, ["tests"], env)
+    args = ["tests", f"--basetemp={base / SUITE_TMP}", *(f"--deselect={test}" for test in NBCLIENT_RACES_ITS_THREAD)]
+    running = RunningSuite(root, args, env)
     yield running
     running.stop()
 
@@ -208,21 +209,27 @@ def test_papermill_suite_same_as_ipykernel(tmp_path: Path, sdist_dir: Path) -> N
 # nbclient's tests that write outside the kernel's working directory (tests/files): refused by design.
 NBCLIENT_WRITES_OUTSIDE = {
     # "Parallel Execute A/B.ipynb" write test_file_{A,B}.txt into $NBEXECUTE_TEST_PARALLEL_TMPDIR (pytest's tmpdir)
-    "tests.test_client::test_parallel_notebooks": "failed",
     "tests.test_client::test_async_parallel_notebooks": "failed",
 }
+# The same two notebooks run in threads that the test joins with a 2 s timeout and then leaves: the
+# refusal's CellExecutionError reaches pytest in whichever phase runs when the thread ends (the
+# call: "failed"; the teardown: "error", seen in CI under load; or a later test). Its outcome says
+# how fast the kernels started, not what they did, so it is not run; its async twin above is.
+NBCLIENT_RACES_ITS_THREAD = ("tests/test_client.py::test_parallel_notebooks",)
+SUITE_TMP = "suite-tmp"  # the suite's --basetemp: where the refused files would have landed
 
 
 @pytest.mark.timeout(600)
 def test_nbclient_suite(nbclient_running: RunningSuite) -> None:
     """nbclient's whole suite; its notebooks and tests name the kernels ``python3`` and ``python``."""
     outcomes = nbclient_running.finish(timeout=540)
-    assert len(outcomes) == 127, sorted(outcomes)
-    # The text of every test whose outcome is not the expected one (an expected failure that ended
-    # as an error too: once seen in CI, with nothing to say why).
+    assert len(outcomes) == 127 - len(NBCLIENT_RACES_ITS_THREAD), sorted(outcomes)
+    # The text of every test whose outcome is not the expected one.
     assert not_passed(outcomes) == NBCLIENT_WRITES_OUTSIDE, {
         t: (o, text[-3000:]) for t, (o, text) in outcomes.items() if o != NBCLIENT_WRITES_OUTSIDE.get(t, "passed")
     }
     for test in NBCLIENT_WRITES_OUTSIDE:
         text = outcomes[test][1]
         assert "ivralo write guard" in text and "outside the workspace" in text, text[-3000:]
+    # Judged from outside the kernel too: no notebook's file landed in the suite's temporary folders.
+    assert sorted((nbclient_running.root.parent / SUITE_TMP).rglob("test_file_*.txt")) == []
