@@ -9,8 +9,8 @@ used by both parts, in the same run.
 token; the endpoint answers 401 without it. Inside the kernel a cell times, with
 ``time.perf_counter_ns()``, in pairs whose order alternates:
 
-* **brokered**: ``ivralo.call("bench.echo", n=n)`` (kernel -> comm -> host watchdog -> broker thread
-  pool -> httpx -> endpoint, and back over the control channel);
+* **brokered**: ``ivralo.call("bench.echo", n=n)`` (kernel -> the broker's socket -> host watchdog ->
+  broker thread pool -> http.client on a kept connection -> endpoint, and back over the socket);
 * **direct**: the same GET (``/plain?n=n``, no key) with ``http.client`` on a kept connection from the
   kernel itself (allowed by ``.ivralo/permissions.json``), i.e. the endpoint's own time plus loopback.
 
@@ -137,7 +137,7 @@ def _pairs(count, start):
             body = call(n)
             times[kind] = (time.perf_counter_ns() - t0) / 1e6
             times[kind + "_handler_ms"] = body["handler_us"] / 1000
-            if kind == "brokered":  # the host's own time for the call: httpx to the endpoint and back
+            if kind == "brokered":  # the host's own time for the call: its GET to the endpoint and back
                 times["brokered_host_ms"] = BROKER.records[-1]["seconds"] * 1000
         samples.append(times)
     return samples
@@ -318,7 +318,7 @@ def build_report(api: list[dict[str, float]], sql: list[dict[str, Any]], rows: i
         ("brokered ivralo.call", "brokered_ms"),
         ("direct GET (http.client, kept)", "direct_ms"),
         ("overhead (paired difference)", "overhead_ms"),
-        ("  host's httpx call (record)", "host_call_ms"),
+        ("  host's HTTP call (record)", "host_call_ms"),
         ("  brokered - host's call", "transport_ms"),
         ("endpoint handler (server side)", "endpoint_handler_ms"),
     ):

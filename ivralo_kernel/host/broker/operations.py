@@ -18,10 +18,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlencode, urlsplit, urlunsplit
 
-import httpx
-
+from ivralo_kernel.host.broker.api_http import ApiHttp, ApiRequest, ResponseTooLarge
 from ivralo_kernel.protocol.config_files import read_json_file
 from ivralo_kernel.protocol.credentials import config_home
 
@@ -121,25 +120,37 @@ class Operation:
         parts = [f"{n}: {p.type}" + ("" if p.required else " = None") for n, p in self.params.items()]
         return f"{self.name}({', '.join(parts)})"
 
-    def request(self, params: dict[str, Any], credential: str) -> httpx.Request:
-        """The request, with the credential attached where the operation says (never elsewhere)."""
+    def request(self, params: dict[str, Any], credential: str) -> ApiRequest:
+        """The request, with the credential attached where the operation says (never elsewhere).
+        The parameters not in the URL's path go after the URL's own query, or as its JSON body."""
         in_url = set(_PLACEHOLDER.findall(self.url))
         url = _PLACEHOLDER.sub(lambda m: quote(str(params[m.group(1)]), safe=""), self.url)
         rest = {k: v for k, v in params.items() if k not in in_url}
-        headers = {"User-Agent": "ivralo-kernel broker"}
+        headers = {"User-Agent": "ivralo-kernel broker", "Accept": "*/*"}
         secret = self.auth_format.replace("{credential}", credential)
         if self.auth_kind == "bearer":
             headers["Authorization"] = f"Bearer {credential}"
         elif self.auth_kind == "header":
             headers[self.auth_name] = secret
+        body = None
+        query = [] if self.body == "json" else [(k, _query_value(v)) for k, v in rest.items()]
         if self.body == "json":
-            request = httpx.Request(self.method, url, headers=headers, json=rest)
-        else:
-            query = {k: _query_value(v) for k, v in rest.items()}
-            request = httpx.Request(self.method, url, headers=headers, params=query)
+            body = json.dumps(rest, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+            headers["Content-Type"] = "application/json"
         if self.auth_kind == "query":
-            request.url = request.url.copy_merge_params({self.auth_name: secret})
-        return request
+            query.append((self.auth_name, secret))
+        return ApiRequest(self.method, _with_query(url, query), headers, body)
+
+
+def _with_query(url: str, query: list[tuple[str, str]]) -> str:
+    """``url`` with its path percent-encoded (a template may hold any character) and ``query`` after
+    its own query string."""
+    parts = urlsplit(url)
+    path = quote(parts.path, safe="/%:@!$&'()*+,;=-._~")
+    own = quote(parts.query, safe="/%:@!$&'()*+,;=-._~?")
+    extra = urlencode(query)
+    joined = "&".join(q for q in (own, extra) if q)
+    return urlunsplit((parts.scheme, parts.netloc, path, joined, ""))
 
 
 def _query_value(value: Any) -> str:
@@ -251,29 +262,22 @@ class ApiAnswer:
     content_type: str
 
 
-def perform(client: httpx.Client, op: Operation, request: httpx.Request) -> ApiAnswer:
+def perform(client: ApiHttp, op: Operation, request: ApiRequest) -> ApiAnswer:
     """Send it (never following a redirect: it would carry the credential elsewhere), reading at
     most the operation's cap."""
-    response = client.send(request, stream=True, follow_redirects=False)
     try:
-        chunks, size = [], 0
-        for chunk in response.iter_bytes():
-            size += len(chunk)
-            if size > op.max_response_bytes:
-                raise OperationError(
-                    f"{op.name}: the response is larger than the operation's cap of {op.max_response_bytes} bytes "
-                    "(max_response_bytes); ask for less (fewer results per page)"
-                )
-            chunks.append(chunk)
-    finally:
-        response.close()
-    raw = b"".join(chunks)
+        response = client.send(request, op.timeout_s, op.max_response_bytes)
+    except ResponseTooLarge:
+        raise OperationError(
+            f"{op.name}: the response is larger than the operation's cap of {op.max_response_bytes} bytes "
+            "(max_response_bytes); ask for less (fewer results per page)"
+        ) from None
     content_type = response.headers.get("content-type", "")
-    text = raw.decode(response.encoding or "utf-8", "replace")
+    text = response.text
     body: Any = text
     if "json" in content_type:
         try:
             body = json.loads(text)
         except ValueError:
             pass
-    return ApiAnswer(response.status_code, body, content_type.split(";")[0])
+    return ApiAnswer(response.status, body, content_type.split(";")[0])

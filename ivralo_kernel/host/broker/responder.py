@@ -17,8 +17,7 @@ from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import httpx
-
+from ivralo_kernel.host.broker.api_http import ApiHttp
 from ivralo_kernel.host.broker.databases import Databases, QueryRefused, load_databases
 from ivralo_kernel.host.broker.operations import OperationError, load_operations, perform
 from ivralo_kernel.host.broker.result_segments import ResultSegments
@@ -76,7 +75,7 @@ class BrokerResponder:
         self._counts: dict[str, int] = {}
         self._calls: dict[str, int] = {}
         self._pool: ThreadPoolExecutor | None = None
-        self._http: httpx.Client | None = None
+        self._http = ApiHttp()
         self._segments = _result_segments(exchange_dir)
 
     # The agent Session sets these after the kernel starts (the provisioner's are the default).
@@ -95,8 +94,7 @@ class BrokerResponder:
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
-        if self._http is not None:
-            self._http.close()
+        self._http.close()
         self.databases.close()
         if self._segments is not None:
             self._segments.close()
@@ -196,11 +194,7 @@ class BrokerResponder:
                     f"{name}: the host has no value for {op.credential}; set it where the host starts "
                     "(the environment of JupyterLab or the agent, or the workspace's .env)"
                 )
-            if self._http is None:
-                self._http = httpx.Client(timeout=op.timeout_s, trust_env=False)
-            request = op.request(params, credential)
-            request.extensions["timeout"] = httpx.Timeout(op.timeout_s).as_dict()
-            api = perform(self._http, op, request)
+            api = perform(self._http, op, op.request(params, credential))
             result = {"status": api.status, "body": self.vault.redact_json(api.body), "type": api.content_type}
             return BrokerAnswer(ok=True, result=result)
 

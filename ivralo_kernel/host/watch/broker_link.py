@@ -18,7 +18,7 @@ from ivralo_kernel.host.watch.kernel_channels import KernelChannels
 from ivralo_kernel.protocol import names
 from ivralo_kernel.protocol.messages import BrokerAnswer, BrokerHello, BrokerReply
 
-if TYPE_CHECKING:  # the broker (sqlalchemy, httpx) is loaded by the host that has one, not by a raw launch
+if TYPE_CHECKING:  # the broker (sqlalchemy) is loaded by the host that has one, not by a raw launch
     from ivralo_kernel.host.broker.responder import BrokerResponder
     from ivralo_kernel.host.watch.broker_socket import BrokerSocket
 

@@ -40,7 +40,7 @@ from ivralo_kernel.host.watch.outcome import Outcome, Outcomes
 from ivralo_kernel.protocol import names
 from ivralo_kernel.protocol.iopub_topics import watchdog_topics
 
-if TYPE_CHECKING:  # the broker (sqlalchemy, httpx) is loaded by the host that has one, not by a raw launch
+if TYPE_CHECKING:  # the broker (sqlalchemy) is loaded by the host that has one, not by a raw launch
     from ivralo_kernel.host.broker.responder import BrokerResponder
     from ivralo_kernel.host.sandbox.memory_cgroup import KernelCgroup
     from ivralo_kernel.host.watch.broker_socket import BrokerSocket
